@@ -1,0 +1,409 @@
+"""Model architecture decomposition (MoFa section 3.2, Table 2), array-valued.
+
+For one transformer layer (dense or MoE) on one GPU and one micro-batch this module lists
+  * the operators with their FLOPs and GEMM shapes (M, N, K) -- the S_i^comp of eq. 1,
+  * the memory-bound operators with the bytes they move,
+  * the communication volumes of the TP, CP and EP collectives -- the S_j^commu of eq. 3,
+  * the tensors saved for the backward pass (the activation ledger of eqs. 5, 29, 31, 33),
+  * the parameters held by the GPU (S_i^para of eq. 4).
+Every quantity is a numpy array over a batch of configurations (tp, cp, ep, etp, mbs).
+
+Conventions
+  * Tokens: a micro-batch holds b*s tokens; context parallelism gives each rank T = b*s/cp;
+    sequence parallelism (always on when tp > 1, as Megatron requires for MoE and recommends
+    otherwise) shards the residual stream, so norms and residual adds see T/tp tokens.
+  * Attention FLOPs: the *model* count uses the full s x s score matrix (PaLM Appendix B, the
+    convention of MFU); the *hardware* work of a causal flash-attention kernel is the lower
+    triangle, a fraction (s+1)/(2s) of it. Unfused attention computes the full matrix.
+  * Backward = 2x forward for every matmul (dgrad + wgrad); flash-attention backward does 5
+    matmuls against 2 forward, i.e. 2.5x (Dao 2023, FlashAttention-2 section 3.1.2).
+  * The activation ledger follows Korthikanti et al. 2022 (arXiv 2205.05198) section 4.1 tensor by
+    tensor, so a GPT layer with MHA, GeLU, dropout and unfused attention stores exactly
+    34sbh + 5as^2b bytes (divided by t with sequence parallelism), and MemFine Table 2 for
+    the MoE block (see `moe_layer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.specs import ModelSpec, TrainingSpec
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Per-configuration quantities that fix the shapes a GPU sees in one layer."""
+
+    t: np.ndarray  # tensor parallel
+    c: np.ndarray  # context parallel
+    e: np.ndarray  # expert parallel
+    etp: np.ndarray  # expert tensor parallel
+    b: np.ndarray  # micro-batch size
+    seq: int
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """T: tokens of one micro-batch on one CP rank."""
+        return self.b * self.seq / self.c
+
+    @property
+    def tokens_sp(self) -> np.ndarray:
+        """Tokens of the sequence-parallel residual stream on one GPU."""
+        return self.tokens / self.t
+
+
+@dataclass(frozen=True)
+class Gemm:
+    name: str
+    m: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    kind: str = "gemm"  # "gemm" or "grouped_gemm"
+    count: np.ndarray | float = 1.0  # GEMMs of this shape (grouped GEMM: local experts)
+
+    @property
+    def flops(self) -> np.ndarray:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """Forward work of one layer on one GPU for one micro-batch."""
+
+    gemms: list[Gemm]
+    attention_flops_hw: np.ndarray  # core attention kernel work (causal-aware)
+    attention_flops_model: np.ndarray  # PaLM convention, full score matrix
+    attention_unfused_bytes: np.ndarray  # softmax/dropout traffic of unfused attention
+    memory_bytes: np.ndarray  # norms, residual adds, activation functions, rope, permutes
+    tp_bytes: list[tuple[str, np.ndarray, str]]  # (collective, full-buffer bytes, paired GEMM)
+    cp_bytes: np.ndarray  # K/V block exchanged per ring step (one rank's share)
+    ep_a2a_bytes: np.ndarray  # bytes one rank sends in one all-to-all (dispatch or combine)
+    etp_bytes: np.ndarray  # full-buffer bytes of the expert-TP all-gather (and reduce-scatter)
+    saved: dict[str, np.ndarray]  # tensor name -> bytes kept for backward
+    core_attention_saved: tuple[str, ...]  # names dropped by selective recompute
+    params_local: np.ndarray  # parameters this GPU holds for the layer
+    expert_params_local: np.ndarray = field(default_factory=lambda: np.zeros(1))
+
+    @property
+    def gemm_flops(self) -> np.ndarray:
+        return sum(g.flops for g in self.gemms)
+
+    @property
+    def saved_bytes(self) -> np.ndarray:
+        return sum(self.saved.values())
+
+    @property
+    def input_bytes(self) -> np.ndarray:
+        """The layer input, the only tensor full recompute keeps (eq. 31's M^input)."""
+        return self.saved["layer_input"]
+
+    def saved_without_core_attention(self) -> np.ndarray:
+        return sum(v for k, v in self.saved.items() if k not in self.core_attention_saved)
+
+
+def attention_dims(m: ModelSpec) -> tuple[int, int, int, int]:
+    """(query heads, KV heads, QK head dim, V head dim)."""
+    if m.mla is not None:
+        qk = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
+        return m.num_heads, m.num_heads, qk, m.mla.v_head_dim
+    return m.num_heads, m.kv_heads, m.dim_per_head, m.dim_per_head
+
+
+def attention_params(m: ModelSpec) -> tuple[int, int]:
+    """(parameters split over TP, parameters replicated over TP) of one attention block,
+    excluding norms."""
+    h = m.hidden_size
+    if m.mla is not None:
+        a = m.num_heads
+        mla = m.mla
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        if mla.q_lora_rank:
+            q_down = h * mla.q_lora_rank + mla.q_lora_rank  # + q_a_layernorm
+            q_up = mla.q_lora_rank * a * qk
+        else:
+            q_down, q_up = 0, h * a * qk
+        kv_down = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank  # + kv_a_layernorm
+        kv_up = mla.kv_lora_rank * a * (mla.qk_nope_head_dim + mla.v_head_dim)
+        out = a * mla.v_head_dim * h
+        return q_up + kv_up + out, q_down + kv_down
+    a, kv, d, _ = attention_dims(m)
+    return h * a * d + 2 * h * kv * d + a * d * h, 0
+
+
+def mlp_params(m: ModelSpec, ffn: int) -> int:
+    gated = m.activation == "swiglu"
+    return (3 if gated else 2) * m.hidden_size * ffn
+
+
+def layer_params(m: ModelSpec, moe: bool) -> int:
+    """Total parameters of one layer (unsharded): attention, MLP or experts, 2 norms."""
+    split, replicated = attention_params(m)
+    total = split + replicated + 2 * m.hidden_size
+    if not moe:
+        return total + mlp_params(m, m.ffn_hidden_size)
+    x = m.moe
+    return (
+        total
+        + m.hidden_size * x.num_experts  # router
+        + x.num_experts * mlp_params(m, x.expert_ffn_hidden_size)
+        + x.num_shared_experts * mlp_params(m, x.shared_ffn)
+    )
+
+
+def active_matmul_params(m: ModelSpec, moe: bool) -> int:
+    """Matmul parameters one token passes through in one layer (for model FLOPs)."""
+    split, replicated = attention_params(m)
+    attn = split + replicated
+    if not moe:
+        return attn + mlp_params(m, m.ffn_hidden_size)
+    x = m.moe
+    return (
+        attn
+        + m.hidden_size * x.num_experts
+        + x.top_k * mlp_params(m, x.expert_ffn_hidden_size)
+        + x.num_shared_experts * mlp_params(m, x.shared_ffn)
+    )
+
+
+def total_params(m: ModelSpec) -> int:
+    emb = m.vocab_size * m.hidden_size
+    head = 0 if m.tied_embeddings else emb
+    return (
+        m.num_dense_layers * layer_params(m, False)
+        + m.num_moe_layers * layer_params(m, True)
+        + emb
+        + head
+        + m.hidden_size  # final norm
+    )
+
+
+def _ceil_div(a, b):
+    return np.ceil(a / b)
+
+
+def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
+    """Operators, communication and saved tensors of the attention half of a layer."""
+    h, s = m.hidden_size, tr.seq_len
+    t, T, Tsp = sh.t, sh.tokens, sh.tokens_sp
+    a, kv, dqk, dv = attention_dims(m)
+    a_t = a / t
+    kv_t = np.where(kv >= t, kv / t, 1.0)  # fewer KV heads than TP ranks: replicated
+    flash = tr.attention_kernel == "flash"
+    causal = (s + 1) / (2 * s)
+
+    gemms: list[Gemm] = []
+    saved: dict[str, np.ndarray] = {"layer_input": D * Tsp * h}  # norm input (residual stream)
+    memory = 2 * D * Tsp * h  # norm read + write
+    if m.mla is not None:
+        mla = m.mla
+        # down projections are replicated over TP and see the gathered tokens (Megatron-Core MLA)
+        if mla.q_lora_rank:
+            gemms.append(Gemm("q_down", T, np.full_like(T, mla.q_lora_rank), np.full_like(T, h)))
+            gemms.append(Gemm("q_up", T, a_t * dqk, np.full_like(T, mla.q_lora_rank)))
+            saved["q_down_out"] = D * T * mla.q_lora_rank * 2  # down-proj output and its norm
+            memory = memory + 2 * D * T * mla.q_lora_rank
+        else:
+            gemms.append(Gemm("q_proj", T, a_t * dqk, np.full_like(T, h)))
+        kv_down = mla.kv_lora_rank + mla.qk_rope_head_dim
+        gemms.append(Gemm("kv_down", T, np.full_like(T, kv_down), np.full_like(T, h)))
+        gemms.append(Gemm("kv_up", T, a_t * (mla.qk_nope_head_dim + dv), np.full_like(T, mla.kv_lora_rank)))
+        saved["kv_down_out"] = D * T * (kv_down + mla.kv_lora_rank)
+        memory = memory + 2 * D * T * mla.kv_lora_rank
+        first_gemm = "q_down" if mla.q_lora_rank else "q_proj"
+    else:
+        gemms.append(Gemm("qkv", T, (a_t + 2 * kv_t) * dqk, np.full_like(T, h)))
+        first_gemm = "qkv"
+    saved["qkv_input"] = D * Tsp * h  # norm output, sharded by SP (re-gathered in backward)
+    # Q, K, V as the attention kernel reads them (Korthikanti: "QK^T needs Q and K", "V")
+    saved["q"] = D * T * a_t * dqk
+    saved["k"] = D * T * kv_t * dqk
+    saved["v"] = D * T * kv_t * dv
+    memory = memory + 2 * D * T * (a_t + kv_t) * dqk  # rotary embedding on q, k
+
+    full_attn = 2.0 * T * s * a_t * (dqk + dv)  # QK^T and AV over the whole score matrix
+    scores = T * s * a_t  # score-matrix elements this GPU holds (unfused)
+    if flash:
+        attention_hw = full_attn * causal
+        unfused_bytes = np.zeros_like(T)
+        saved["softmax_stats"] = 4 * T * a_t  # fp32 log-sum-exp
+        core = ()
+    else:
+        attention_hw = full_attn
+        saved["softmax_out"] = D * scores
+        core = ("softmax_out",)
+        unfused_bytes = 3 * D * scores  # write scores, softmax read + write
+        if m.dropout:
+            saved["attn_dropout_mask"] = 1.0 * scores
+            saved["attn_dropout_out"] = D * scores
+            core = core + ("attn_dropout_mask", "attn_dropout_out")
+            unfused_bytes = unfused_bytes + 3 * D * scores
+    saved["attn_out"] = D * T * a_t * dv  # output-projection input
+    gemms.append(Gemm("o_proj", T, np.full_like(T, h), a_t * dv))
+    memory = memory + 3 * D * Tsp * h  # residual add
+    if m.dropout:
+        saved["attn_proj_dropout_mask"] = 1.0 * Tsp * h
+        memory = memory + 3 * D * Tsp * h
+    saved["ln2_input"] = D * Tsp * h
+    memory = memory + 2 * D * Tsp * h  # second norm
+
+    split, replicated = attention_params(m)
+    params = split / t + replicated + 2 * h
+    tp = [("ag", D * T * h, first_gemm), ("rs", D * T * h, "o_proj")]
+    cp_block = D * T * kv_t * (dqk + dv)  # this rank's K and V, sent around the CP ring
+    return dict(
+        gemms=gemms,
+        attention_hw=attention_hw,
+        attention_model=full_attn,
+        unfused_bytes=unfused_bytes,
+        memory=memory,
+        saved=saved,
+        core=core,
+        params=params,
+        tp=tp,
+        cp_block=cp_block,
+    )
+
+
+def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str):
+    """A (possibly TP-sharded) MLP on `tokens` tokens: GEMMs, saved tensors, activation traffic."""
+    h = m.hidden_size
+    gated = m.activation == "swiglu"
+    fc1_out = (2 if gated else 1) * ffn_local
+    gemms = [Gemm(f"{prefix}fc1", tokens, fc1_out, np.full_like(tokens, h)), Gemm(f"{prefix}fc2", tokens, np.full_like(tokens, h), ffn_local)]
+    saved = {f"{prefix}fc1_out": D * tokens * fc1_out, f"{prefix}act_out": D * tokens * ffn_local}
+    memory = D * tokens * (fc1_out + ffn_local)  # activation function: read fc1 output, write result
+    return gemms, saved, memory
+
+
+def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
+    at = attention_block(m, tr, sh, D)
+    T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
+    gemms, saved_mlp, memory_mlp = _mlp(m, m.ffn_hidden_size / t, T, D, "")
+    saved = dict(at["saved"])
+    saved["mlp_input"] = D * Tsp * h
+    saved.update(saved_mlp)
+    memory = at["memory"] + memory_mlp + 3 * D * Tsp * h  # + residual add
+    if m.dropout:
+        saved["mlp_dropout_mask"] = 1.0 * Tsp * h
+        memory = memory + 3 * D * Tsp * h
+    tp = at["tp"] + [("ag", D * T * h, "fc1"), ("rs", D * T * h, "fc2")]
+    zero = np.zeros_like(T)
+    return LayerWork(
+        gemms=at["gemms"] + gemms,
+        attention_flops_hw=at["attention_hw"],
+        attention_flops_model=at["attention_model"],
+        attention_unfused_bytes=at["unfused_bytes"],
+        memory_bytes=memory,
+        tp_bytes=tp,
+        cp_bytes=at["cp_block"],
+        ep_a2a_bytes=zero,
+        etp_bytes=zero,
+        saved=saved,
+        core_attention_saved=at["core"],
+        params_local=at["params"] + mlp_params(m, m.ffn_hidden_size) / t,
+        expert_params_local=zero,
+    )
+
+
+def routed_tokens(m: ModelSpec, tr: TrainingSpec, sh: Shard) -> np.ndarray:
+    """Token copies an expert GPU processes in one MoE layer: its SP share routed top-k ways,
+    gathered over the expert-TP group, times the routing imbalance (MemFine's s')."""
+    return sh.tokens_sp * m.moe.top_k * sh.etp * tr.moe_routing_imbalance
+
+
+def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
+    """MoE layer as Megatron-Core runs it (alltoall dispatcher, grouped GEMM).
+
+    Saved tensors match MemFine Table 2 (norm, q/k/v, o, router input and logits, permuted
+    tokens, expert FC1 output, expert output before the probability-weighted combine) plus
+    one tensor MemFine's table omits: the SwiGLU output, which the expert FC2 saves as its
+    input (D*s'*g_e/etp bytes) unless the activation is recomputed."""
+    x = m.moe
+    at = attention_block(m, tr, sh, D)
+    T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
+    E_local = x.num_experts / sh.e
+    recv = routed_tokens(m, tr, sh)
+    ffn_local = x.expert_ffn_hidden_size / sh.etp
+
+    saved = dict(at["saved"])
+    saved["router_input"] = D * Tsp * h
+    saved["router_logits"] = D * Tsp * x.num_experts
+    gemms = list(at["gemms"])
+    gemms.append(Gemm("router", Tsp, np.full_like(T, x.num_experts), np.full_like(T, h)))
+    gated = m.activation == "swiglu"
+    fc1_out = (2 if gated else 1) * ffn_local
+    per_expert = recv / E_local
+    gemms.append(Gemm("expert_fc1", per_expert, fc1_out, np.full_like(T, h), "grouped_gemm", E_local))
+    gemms.append(Gemm("expert_fc2", per_expert, np.full_like(T, h), ffn_local, "grouped_gemm", E_local))
+    saved["expert_input"] = D * recv * h
+    saved["expert_fc1_out"] = D * recv * fc1_out
+    saved["expert_act_out"] = D * recv * ffn_local
+    saved["expert_output"] = D * recv * h
+    memory = at["memory"] + D * recv * (fc1_out + ffn_local)  # activation function
+    memory = memory + 4 * D * recv * h  # permute and unpermute (read + write each)
+    memory = memory + 3 * 4 * Tsp * x.num_experts  # fp32 router softmax / top-k
+    memory = memory + 3 * D * Tsp * h  # residual add
+
+    tp = list(at["tp"])
+    if x.num_shared_experts:
+        shared_ffn = x.num_shared_experts * x.shared_ffn / t
+        g, sv, mem = _mlp(m, shared_ffn, T, D, "shared_")
+        gemms += g
+        saved.update(sv)
+        memory = memory + mem
+        tp += [("ag", D * T * h, "shared_fc1"), ("rs", D * T * h, "shared_fc2")]
+
+    expert_params = x.num_experts * mlp_params(m, x.expert_ffn_hidden_size) / (sh.e * sh.etp)
+    dense_params = at["params"] + h * x.num_experts + x.num_shared_experts * mlp_params(m, x.shared_ffn) / t
+    a2a = D * Tsp * x.top_k * h  # token copies this rank sends (dispatch) or receives back (combine)
+    etp_bytes = np.where(sh.etp > 1, D * recv * h, 0.0)
+    return LayerWork(
+        gemms=gemms,
+        attention_flops_hw=at["attention_hw"],
+        attention_flops_model=at["attention_model"],
+        attention_unfused_bytes=at["unfused_bytes"],
+        memory_bytes=memory,
+        tp_bytes=tp,
+        cp_bytes=at["cp_block"],
+        ep_a2a_bytes=np.where(sh.e > 1, a2a, 0.0),
+        etp_bytes=etp_bytes,
+        saved=saved,
+        core_attention_saved=at["core"],
+        params_local=dense_params + expert_params,
+        expert_params_local=expert_params,
+    )
+
+
+@dataclass(frozen=True)
+class EdgeWork:
+    """Embedding (first stage) and output head + loss (last stage) for one micro-batch."""
+
+    embedding_params_local: np.ndarray
+    head_params_local: np.ndarray
+    embedding_memory_bytes: np.ndarray
+    head_gemm: Gemm
+    head_memory_bytes: np.ndarray  # final norm + cross-entropy passes over the logits
+    head_saved: np.ndarray  # final-norm input + fp32 softmax kept for the loss backward
+    head_tp_bytes: np.ndarray  # all-gather of the final hidden states before the head
+    head_flops_model: np.ndarray
+
+
+def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> EdgeWork:
+    """Embedding lookup and output layer. The vocabulary is split over TP (vocab-parallel)."""
+    h, V = m.hidden_size, m.vocab_size
+    T, Tsp, t = sh.tokens, sh.tokens_sp, sh.t
+    logits = T * V / t
+    head = Gemm("head", T, V / t, np.full_like(T, h))
+    return EdgeWork(
+        embedding_params_local=V * h / t,
+        head_params_local=V * h / t + h,
+        embedding_memory_bytes=2 * D * T * h,
+        head_gemm=head,
+        # final norm; logits written (D), upcast to fp32, softmax and loss: ~4 fp32 passes
+        head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits,
+        head_saved=D * Tsp * h + D * Tsp * h + 4 * logits,
+        head_tp_bytes=np.where(t > 1, D * T * h, 0.0),
+        head_flops_model=2.0 * T * V * h / t,
+    )

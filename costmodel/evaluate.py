@@ -1,0 +1,225 @@
+"""The exact cost model: MoFa's CostModel_base + Mo + Fa for a batch of configurations.
+
+    step time (eq. 14) = pipeline (eqs. 9-12, 23) + exposed DP communication (eq. 24) + update
+
+`evaluate` is the single scorer of the project: `mofa evaluate` calls it with one row, the
+exhaustive enumerator with millions, the DFS and the CP-SAT outer loop with their candidates.
+It does not check the Megatron rules (costmodel.rules does); it scores whatever it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import architecture as arch
+from costmodel.compute import ComputeModel
+from costmodel.configs import ConfigBatch
+from costmodel.flops import model_flops_per_token, recompute_flops_per_token
+from costmodel.layer import layer_time
+from costmodel.memory import MEMORY_KEYS, rank_memory
+from costmodel.network import Network
+from costmodel.pipeline import in_flight, pipeline_time, rank_classes
+from costmodel.placement import place
+from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
+from costmodel.specs import Problem
+from costmodel.units import DTYPE_BYTES, GB, TFLOP
+from costmodel.update import optimizer_time
+
+BREAKDOWN_KEYS = ("compute", "recompute", "tp", "cp", "ep", "pp", "bubble", "dp", "update", "offload")
+RANK_NAMES = ("first", "middle", "last")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Arrays over the configurations of the batch (seconds, bytes, ratios)."""
+
+    step_time_s: np.ndarray
+    breakdown_s: dict[str, np.ndarray]
+    memory_bytes: dict[str, np.ndarray]  # worst rank's ledger, MEMORY_KEYS + 'peak'
+    worst_rank: np.ndarray  # 0 first, 1 middle, 2 last
+    fits: np.ndarray
+    host_bytes: np.ndarray
+    host_fits: np.ndarray
+    microbatches: np.ndarray
+    tflops_per_gpu: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    tokens_per_s_per_gpu: np.ndarray
+    checkpoint_save_s: float | None
+    ettr: np.ndarray | None
+    checkpoint_interval: np.ndarray | None
+    e2e_time_s: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.step_time_s)
+
+    def as_dict(self, i: int, cfg: ConfigBatch) -> dict:
+        """The contract object of `mofa evaluate --json` for configuration i."""
+        ft = self.ettr is not None
+        return {
+            "config": cfg.row(i),
+            "step_time_s": float(self.step_time_s[i]),
+            "breakdown_s": {k: float(v[i]) for k, v in self.breakdown_s.items()},
+            "memory_gb": {k: float(v[i]) / GB for k, v in self.memory_bytes.items()},
+            "worst_rank": RANK_NAMES[int(self.worst_rank[i])],
+            "fits": bool(self.fits[i]),
+            "host_memory_gb": float(self.host_bytes[i]) / GB,
+            "host_fits": bool(self.host_fits[i]),
+            "microbatches": float(self.microbatches[i]),
+            "tflops_per_gpu": float(self.tflops_per_gpu[i]),
+            "mfu": float(self.mfu[i]),
+            "hfu": float(self.hfu[i]),
+            "tokens_per_s_per_gpu": float(self.tokens_per_s_per_gpu[i]),
+            "checkpoint_save_s": self.checkpoint_save_s,
+            "ettr": float(self.ettr[i]) if ft else None,
+            "checkpoint_interval": int(self.checkpoint_interval[i]) if ft else None,
+            "e2e_time_s": (float(self.e2e_time_s[i]) if self.e2e_time_s is not None else None),
+        }
+
+
+def checkpoint_save_s(problem: Problem) -> float | None:
+    """T_save: given, or the full training state (weights + optimizer states) written by all
+    nodes at the given per-node bandwidth."""
+    ft = problem.fault_tolerance
+    if ft is None:
+        return None
+    if ft.checkpoint_save_s is not None:
+        return ft.checkpoint_save_s
+    tr = problem.training
+    state_bytes = arch.total_params(problem.model) * (tr.bytes_of("params") + 3 * tr.bytes_of("optimizer"))
+    return state_bytes / (ft.checkpoint_write_gb_per_s_per_node * GB * problem.cluster.num_nodes)
+
+
+def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
+    m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
+    eff = hw.efficiency
+    d_act = DTYPE_BYTES[tr.dtypes.activations]
+    dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), d_act)
+    G = cl.num_gpus
+
+    shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len)
+    dense = arch.dense_layer(m, tr, shard, d_act)
+    moe = arch.moe_layer(m, tr, shard, d_act) if m.moe is not None else None
+    edge = arch.edges(m, tr, shard, d_act)
+
+    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
+    net = Network(hw, cl)
+    where = place(cl.placement, cfg)
+    host = (hw.d2h_gb_per_s * eff.host_link_efficiency * GB, hw.h2d_gb_per_s * eff.host_link_efficiency * GB)
+    unfused = tr.attention_kernel == "unfused"
+    lt_d = layer_time(dense, m, cfg, where, comp, net, eff, unfused, host)
+    lt_m = layer_time(moe, m, cfg, where, comp, net, eff, unfused, host) if moe is not None else None
+
+    # embedding (first rank) and output head + loss (last rank), per micro-batch
+    emb_f = comp.memory_time(edge.embedding_memory_bytes)
+    emb_b = 2.0 * emb_f
+    head_gemm = comp.gemm_time(edge.head_gemm)
+    head_mem = comp.memory_time(edge.head_memory_bytes, 4.0)
+    head_tp = net.all_gather(edge.head_tp_bytes, where.tp)
+
+    ranks = rank_classes(m.num_layers, m.num_dense_layers, cfg)
+    micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
+
+    parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "offload")}
+    fwd, bwd = [], []
+    for rank in ranks:
+        def both(f):
+            return rank.dense * f(lt_d) + (rank.moe * f(lt_m) if lt_m is not None else 0.0)
+
+        compute = both(lambda x: x.comp_f + x.comp_b)
+        if rank.first:
+            compute = compute + emb_f + emb_b
+        compute = compute + np.where(rank.last, 3.0 * head_gemm + 2.0 * head_mem, 0.0)
+        parts["compute"].append(compute)
+        parts["recompute"].append(both(lambda x: x.recompute))
+        parts["tp"].append(both(lambda x: x.tp_f + x.tp_b) + np.where(rank.last, 2.0 * head_tp, 0.0))
+        parts["cp"].append(both(lambda x: x.cp_f + x.cp_b))
+        parts["ep"].append(both(lambda x: x.ep_f + x.ep_b))
+        parts["offload"].append(both(lambda x: x.offload_f + x.offload_b))
+        f = both(lambda x: x.forward) + (emb_f if rank.first else 0.0) + np.where(rank.last, head_gemm + head_mem + head_tp, 0.0)
+        fwd.append(f)
+        bwd.append(sum(p[-1] for p in parts.values()) - f)
+
+    per_rank = [fwd[k] + bwd[k] for k in range(3)]
+    hop = net.p2p_hop(d_act * shard.tokens * m.hidden_size / shard.t, where.pp_stride, cfg.pp)
+    chunk_f, chunk_b = fwd[1] / cfg.vp, bwd[1] / cfg.vp
+    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, eff.pp_overlap)
+
+    # memory per rank class; the optimizer step of the rank with the most to do
+    host_share = hw.host_memory_gb_per_node * GB / cl.gpus_per_node
+    ledgers = []
+    opt_dp, opt_update = [], []
+    for k, rank in enumerate(ranks):
+        rank_index = 0 if k == 0 else (np.ones_like(cfg.pp) if k == 1 else cfg.pp - 1)
+        flight = in_flight(rank_index, cfg, micro)
+        ledger = rank_memory(rank, flight, dense, moe, edge, cfg, dtypes, hw.runtime_reserved_gb, host_share, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4")
+        ledgers.append(ledger)
+        window_b = np.where(cfg.vp > 1, (cfg.vp - 1) * cfg.pp * bwd[k] / cfg.vp, bwd[k])
+        window_f = np.where(cfg.vp > 1, (cfg.vp - 1) * cfg.pp * fwd[k] / cfg.vp, fwd[k])
+        ot = optimizer_time(ledger.dense_params, ledger.expert_params, cfg, where, net, hw, dtypes[:3], comp, window_b, window_f, cfg.vp)
+        opt_dp.append(ot.dp_exposed)
+        opt_update.append(ot.update)
+    opt_total = np.stack(opt_dp) + np.stack(opt_update)
+    opt_rank = opt_total.argmax(axis=0)
+    cols = np.arange(len(cfg))
+    dp_exposed = np.stack(opt_dp)[opt_rank, cols]
+    update = np.stack(opt_update)[opt_rank, cols]
+
+    step = pipe.total + dp_exposed + update
+    breakdown = {}
+    for key in BREAKDOWN_KEYS:
+        if key in parts:
+            breakdown[key] = micro * np.stack(parts[key])[pipe.bottleneck, cols]
+    breakdown["pp"] = pipe.pp_exposed
+    breakdown["bubble"] = pipe.bubble
+    breakdown["dp"] = dp_exposed
+    breakdown["update"] = update
+    breakdown = {k: breakdown[k] for k in BREAKDOWN_KEYS}
+
+    peaks = np.stack([lg.peak for lg in ledgers])
+    worst = peaks.argmax(axis=0)
+    memory = {key: np.stack([getattr(lg, key) for lg in ledgers])[worst, cols] for key in MEMORY_KEYS}
+    memory["peak"] = peaks[worst, cols]
+    host_used = np.stack([lg.host for lg in ledgers]).max(axis=0)
+
+    tokens = tr.global_batch_size * tr.seq_len
+    model_flops = tokens * model_flops_per_token(m, tr.seq_len)
+    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg.recompute)
+    peak_flops = hw.peak(tr.dtypes.compute) * TFLOP
+    tflops = model_flops / (step * G) / TFLOP
+
+    save_s = checkpoint_save_s(problem)
+    ettr = interval = e2e = None
+    ft = problem.fault_tolerance
+    if ft is not None:
+        rate = failure_rate_per_s(cl.num_nodes, ft.failure_rate_per_node_day)
+        u_b = ft.mean_recovery_s
+        interval = np.where(cfg.interval > 0, cfg.interval, optimal_interval(step, rate, u_b, save_s, problem.search.max_interval))
+        steps = tr.total_steps
+        if steps is not None:
+            e2e = end_to_end_s(steps, step, interval, rate, u_b, save_s, ft.first_init_s)
+            with np.errstate(invalid="ignore"):
+                ettr = np.where(np.isfinite(e2e), steps * step / e2e, 0.0)
+        else:
+            ettr = steady_state_ettr(step, interval, rate, u_b, save_s)
+
+    return Evaluation(
+        step_time_s=step,
+        breakdown_s=breakdown,
+        memory_bytes=memory,
+        worst_rank=worst,
+        fits=memory["peak"] <= hw.memory_gb * GB,
+        host_bytes=host_used,
+        host_fits=host_used <= host_share,
+        microbatches=micro,
+        tflops_per_gpu=tflops,
+        mfu=model_flops / (step * G * peak_flops),
+        hfu=hw_flops / (step * G * peak_flops),
+        tokens_per_s_per_gpu=tokens / (step * G),
+        checkpoint_save_s=save_s,
+        ettr=ettr,
+        checkpoint_interval=interval,
+        e2e_time_s=e2e,
+    )

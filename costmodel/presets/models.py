@@ -1,0 +1,114 @@
+"""Model presets. Each value names its source; MoFa Table 4 values win where they differ from a
+Hugging Face config (the experiments it reproduces used them)."""
+
+from costmodel.specs import MLASpec, ModelSpec, MoESpec
+
+MODELS: dict[str, ModelSpec] = {}
+
+
+def _register(spec: ModelSpec) -> ModelSpec:
+    MODELS[spec.name] = spec
+    return spec
+
+
+_register(ModelSpec(
+    name="llama2-70b",
+    source="MoFa Table 4; Touvron et al. 2023 (arXiv 2307.09288) Table 1; HF meta-llama/Llama-2-70b-hf config.json",
+    num_layers=80,  # MoFa Table 4 L
+    hidden_size=8192,  # Table 4 h
+    num_heads=64,  # Table 4 a
+    num_kv_heads=8,  # Table 4 q = 8 query heads per KV head: 64 / 8
+    ffn_hidden_size=28672,  # Table 4 g_d
+    vocab_size=32000,  # Table 4 V
+))
+
+_register(ModelSpec(
+    name="llama3-405b",
+    source="MoFa Table 4; Llama 3 herd (arXiv 2407.21783) Table 3; calibration.yaml llama3_405b.arch",
+    num_layers=126,  # Table 4 L (128 minus one on the first and last stage, Llama 3 ISCA'25 section 3.1.2)
+    hidden_size=16384,
+    num_heads=128,
+    num_kv_heads=8,  # Llama 3 Table 3: 8 KV heads (MoFa Table 4 prints q=16, the query groups per KV head)
+    ffn_hidden_size=53248,
+    vocab_size=128000,  # Table 4 V (HF tokenizer: 128256)
+))
+
+_register(ModelSpec(
+    name="deepseek-v3",
+    source="MoFa Table 4; DeepSeek-V3 technical report (arXiv 2412.19437) sections 2.1, 4.2; HF deepseek-ai/DeepSeek-V3 config.json",
+    num_layers=61,  # report 4.2: 61 transformer layers (MTP module not modelled)
+    hidden_size=7168,
+    num_heads=128,
+    ffn_hidden_size=18432,  # dense layers' intermediate size
+    vocab_size=129280,
+    mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),  # report 4.2
+    moe=MoESpec(
+        num_experts=256,  # routed experts per MoE layer
+        top_k=8,
+        expert_ffn_hidden_size=2048,
+        num_shared_experts=1,
+        first_dense_layers=3,  # "all FFNs except for the first three layers" are MoE
+        max_nodes_per_token=4,  # node-limited routing, M = 4
+    ),
+))
+
+_register(ModelSpec(
+    name="gpt3-175b",
+    source="Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocabulary padded to 51200 as in Megatron (Korthikanti et al. 2022 Table 1)",
+    num_layers=96,
+    hidden_size=12288,
+    num_heads=96,
+    ffn_hidden_size=4 * 12288,
+    vocab_size=51200,
+    activation="gelu",
+    norm="layernorm",
+    tied_embeddings=True,
+    dropout=True,
+))
+
+_register(ModelSpec(
+    name="llama3.1-8b",
+    source="HF meta-llama/Llama-3.1-8B config.json",
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=128256,
+))
+
+_register(ModelSpec(
+    name="llama3.1-70b",
+    source="HF meta-llama/Llama-3.1-70B config.json",
+    num_layers=80,
+    hidden_size=8192,
+    num_heads=64,
+    num_kv_heads=8,
+    ffn_hidden_size=28672,
+    vocab_size=128256,
+))
+
+_register(ModelSpec(
+    name="mixtral-8x7b",
+    source="HF mistralai/Mixtral-8x7B-v0.1 config.json (num_local_experts 8, num_experts_per_tok 2)",
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=32000,
+    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336),
+))
+
+_register(ModelSpec(
+    name="qwen3-235b-a22b",
+    source="HF Qwen/Qwen3-235B-A22B config.json (head_dim 128, moe_intermediate_size 1536, decoder_sparse_step 1)",
+    num_layers=94,
+    hidden_size=4096,
+    num_heads=64,
+    num_kv_heads=4,
+    head_dim=128,
+    ffn_hidden_size=12288,
+    vocab_size=151936,
+    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536),
+))

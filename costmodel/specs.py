@@ -1,0 +1,465 @@
+"""Typed specifications: what a problem file (YAML) contains.
+
+A problem names a model, a GPU, a cluster, the training job, which optimisation features
+may be used, the fault-tolerance inputs, the search space and optionally one fixed
+configuration. Presets are resolved here (by name) so that errors carry the field path.
+Everything is frozen: a resolved problem is a value, hashable by identity and safe to cache on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from costmodel.units import DTYPE_BYTES
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+FeatureMode = Literal["allowed", "on", "off"]
+RecomputeMode = Literal["none", "selective", "full"]
+SplitMode = Literal["even", "embedding_loss"]
+
+
+class Spec(BaseModel):
+    """Base: unknown keys are errors (a typo must not be silently ignored), values frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------
+# Model architecture
+# --------------------------------------------------------------------------------------
+class MLASpec(Spec):
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+
+    q_lora_rank: int | None = Field(default=None, gt=0, description="None: Q is projected directly")
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
+class MoESpec(Spec):
+    num_experts: int = Field(gt=0, description="routed experts")
+    top_k: int = Field(gt=0)
+    expert_ffn_hidden_size: int = Field(gt=0)
+    num_shared_experts: int = Field(default=0, ge=0)
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
+    max_nodes_per_token: int | None = Field(
+        default=None, gt=0, description="node-limited routing (DeepSeek-V3: 4); caps inter-node copies"
+    )
+
+    @model_validator(mode="after")
+    def _topk(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        return self
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+
+class ModelSpec(Spec):
+    name: str
+    source: str = ""
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0, description="GQA groups; None = MHA")
+    head_dim: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int = Field(gt=0, description="dense MLP intermediate size g_d")
+    vocab_size: int = Field(gt=0)
+    activation: Literal["swiglu", "gelu", "squared_relu"] = "swiglu"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    tied_embeddings: bool = False
+    dropout: bool = Field(default=False, description="dropout after attention and MLP (GPT-3 style)")
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+
+    @model_validator(mode="after")
+    def _consistency(self):
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.moe and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError("moe.first_dense_layers exceeds num_layers")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers if self.moe is None else self.moe.first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers
+
+
+# --------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------
+class Curve(Spec):
+    """Modified roofline (MoFa eq. 19 with efficiencies): achieved = min(bw_fraction * AI * B_hbm,
+    peak_fraction * P_peak). The theoretical roofline is peak_fraction = bw_fraction = 1."""
+
+    peak_fraction: float = Field(gt=0, le=1)
+    bandwidth_fraction: float = Field(default=0.8, gt=0, le=1)
+
+
+class OverlapCoefficients(Spec):
+    """Time-increase coefficients under overlap (MoFa eqs. 20-24, 34-35): a computation
+    overlapped with communication runs alpha times slower, the communication beta times slower."""
+
+    alpha: float = Field(default=1.0, ge=1)
+    beta: float = Field(default=1.0, ge=1)
+
+
+class CalibrationStats(Spec):
+    """What a calibration measured: residuals of log(predicted / measured) step time."""
+
+    points: int = Field(gt=0)
+    log_residual_sd: float = Field(ge=0, description="standard deviation of log(pred/meas), leave-one-out")
+    mape_pct: float = Field(ge=0)
+    loo_mape_pct: float | None = Field(default=None, ge=0)
+    max_abs_error_pct: float = Field(ge=0)
+    data: list[str] = []
+
+
+class EfficiencyProfile(Spec):
+    """How fast kernels and collectives run on this GPU, relative to the datasheet.
+
+    `mode` picks MoFa's operator-latency model: 'roofline' (eq. 19, efficiencies ignored),
+    'modified_roofline' (eq. 19 scaled by the curves below) or 'profiled' (piecewise-linear
+    interpolation of measured (arithmetic intensity, TFLOP/s) points per operator class)."""
+
+    mode: Literal["roofline", "modified_roofline", "profiled"] = "modified_roofline"
+    source: str = ""
+    gemm: Curve = Curve(peak_fraction=0.75)
+    grouped_gemm: Curve = Curve(peak_fraction=0.65)
+    attention: Curve = Curve(peak_fraction=0.55)
+    memory_bound_fraction: float = Field(default=0.75, gt=0, le=1, description="HBM fraction for elementwise kernels")
+    kernel_overhead_us: float = Field(default=4.0, ge=0, description="launch + tail per kernel")
+    #: measured points per operator class: {class: [[arithmetic_intensity, tflops], ...]}
+    profiled: dict[Literal["gemm", "grouped_gemm", "attention"], list[tuple[float, float]]] = {}
+    #: achieved fraction of the nominal per-GPU bandwidth per network level (MoFa eq. 18 lambda)
+    comm_efficiency: dict[Literal["node", "supernode", "cluster"], float] = {
+        "node": 0.8,
+        "supernode": 0.8,
+        "cluster": 0.8,
+    }
+    host_link_efficiency: float = Field(default=0.8, gt=0, le=1)
+    tp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
+    cp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.05, beta=1.05)
+    ep_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
+    pp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.0, beta=1.0)
+    dp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.05, beta=1.05)
+    offload_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.0, beta=1.05)
+    calibration: CalibrationStats | None = None
+
+
+class HardwareSpec(Spec):
+    name: str
+    source: str = ""
+    peak_tflops: dict[Dtype, float] = Field(description="dense tensor-core peak per dtype, per GPU")
+    memory_gb: float = Field(gt=0)
+    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    host_memory_gb_per_node: float = Field(gt=0)
+    h2d_gb_per_s: float = Field(gt=0)
+    d2h_gb_per_s: float = Field(gt=0)
+    intra_node_gb_per_s: float = Field(gt=0, description="scale-up (NVLink) bandwidth per GPU, one direction")
+    inter_node_gb_per_s: float = Field(gt=0, description="scale-out (NIC) bandwidth per GPU, one direction")
+    intra_node_latency_us: float = Field(default=3.0, ge=0)
+    inter_node_latency_us: float = Field(default=10.0, ge=0)
+    cpu_optimizer_params_per_s: float = Field(
+        default=2e9, gt=0, description="Adam parameters a GPU's share of host cores updates per second"
+    )
+    runtime_reserved_gb: float = Field(
+        default=3.0, ge=0, description="CUDA context, NCCL communicators, cuBLAS workspaces, allocator slack"
+    )
+    efficiency: EfficiencyProfile = EfficiencyProfile()
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_tflops:
+            raise ValueError(f"hardware {self.name} has no peak for dtype {dtype}")
+        return self.peak_tflops[dtype]
+
+
+# --------------------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------------------
+class DecayPoint(Spec):
+    gpus: int = Field(gt=0)
+    beta: float = Field(gt=0, le=1)
+
+
+Dim = Literal["tp", "cp", "ep", "pp", "dp"]
+
+
+class ClusterSpec(Spec):
+    num_gpus: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    supernode_size: int | None = Field(default=None, gt=0, description="GPUs in one scale-up domain")
+    intra_node_gb_per_s: float | None = Field(default=None, gt=0, description="override the hardware's")
+    supernode_gb_per_s: float | None = Field(default=None, gt=0, description="default: intra-node bandwidth")
+    inter_node_gb_per_s: float | None = Field(default=None, gt=0)
+    intra_node_latency_us: float | None = Field(default=None, ge=0)
+    inter_node_latency_us: float | None = Field(default=None, ge=0)
+    #: MoFa eq. 3 beta: achieved/small-scale bandwidth of a collective spanning this many GPUs,
+    #: interpolated in log2(GPUs); applies to traffic leaving the scale-up domain
+    bandwidth_decay: list[DecayPoint] = []
+    placement: list[Dim] = Field(default=["tp", "cp", "ep", "pp", "dp"], description="inner to outer")
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.num_gpus % self.gpus_per_node and self.num_gpus > self.gpus_per_node:
+            raise ValueError(f"num_gpus {self.num_gpus} is not a multiple of gpus_per_node {self.gpus_per_node}")
+        sn = self.supernode_size
+        if sn is not None and sn % self.gpus_per_node:
+            raise ValueError(f"supernode_size {sn} is not a multiple of gpus_per_node {self.gpus_per_node}")
+        if sorted(self.placement) != sorted(["tp", "cp", "ep", "pp", "dp"]):
+            raise ValueError("placement must order exactly tp, cp, ep, pp, dp")
+        if self.placement[0] != "tp":
+            raise ValueError("placement must start with tp (tensor parallelism is innermost)")
+        return self
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def supernode(self) -> int:
+        return self.supernode_size or self.gpus_per_node
+
+
+# --------------------------------------------------------------------------------------
+# Training job
+# --------------------------------------------------------------------------------------
+class DtypeSpec(Spec):
+    params: Dtype = "bf16"
+    grads: Dtype = Field(default="fp32", description="Megatron accumulates bf16 grads in fp32 by default")
+    optimizer: Dtype = "fp32"
+    activations: Dtype = "bf16"
+    compute: Dtype = Field(default="bf16", description="GEMM input dtype; fp8 uses the fp8 peak")
+
+
+class TrainingSpec(Spec):
+    global_batch_size: int = Field(gt=0, description="sequences per step")
+    seq_len: int = Field(gt=0)
+    steps: int | None = Field(default=None, gt=0)
+    tokens: float | None = Field(default=None, gt=0, description="dataset tokens; steps = ceil(tokens/(GBS*seq))")
+    dtypes: DtypeSpec = DtypeSpec()
+    attention_kernel: Literal["flash", "unfused"] = "flash"
+    optimizer_memory: Literal["megatron", "mofa_eq4"] = Field(
+        default="megatron",
+        description="megatron: 3*D_opt states + a D_opt gradient copy at the step; mofa_eq4: 4*D_opt held throughout",
+    )
+    moe_routing_imbalance: float = Field(
+        default=1.0, ge=1, description="tokens received by the busiest expert rank / balanced share (MemFine)"
+    )
+
+    @model_validator(mode="after")
+    def _steps(self):
+        if self.steps is not None and self.tokens is not None:
+            raise ValueError("give steps or tokens, not both")
+        return self
+
+    @property
+    def total_steps(self) -> int | None:
+        if self.steps is not None:
+            return self.steps
+        if self.tokens is not None:
+            return math.ceil(self.tokens / (self.global_batch_size * self.seq_len))
+        return None
+
+    def bytes_of(self, what: str) -> int:
+        return DTYPE_BYTES[getattr(self.dtypes, what)]
+
+
+# --------------------------------------------------------------------------------------
+# Features, fault tolerance, search space, fixed configuration
+# --------------------------------------------------------------------------------------
+FEATURES = (
+    "tp_overlap",
+    "cp_overlap",
+    "ep_overlap",
+    "pp_overlap",
+    "dp_overlap",
+    "distributed_optimizer",
+    "cpu_optimizer",
+    "activation_offload",
+)
+
+
+class FeaturesSpec(Spec):
+    """Which optimisation features the search may use ('allowed'), must use ('on') or may not."""
+
+    tp_overlap: FeatureMode = "allowed"
+    cp_overlap: FeatureMode = "allowed"
+    ep_overlap: FeatureMode = "allowed"
+    pp_overlap: FeatureMode = "allowed"
+    dp_overlap: FeatureMode = "allowed"
+    distributed_optimizer: FeatureMode = "allowed"
+    cpu_optimizer: FeatureMode = "allowed"
+    activation_offload: FeatureMode = "allowed"
+    recompute: list[RecomputeMode] = ["none", "selective", "full"]
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        if isinstance(v, str):
+            return ["none", "selective", "full"] if v == "allowed" else [v]
+        return v
+
+
+class FaultToleranceSpec(Spec):
+    """Inputs of MoFa's fault-tolerance model (eqs. 36-44)."""
+
+    failure_rate_per_node_day: float = Field(ge=0, description="r_f, failures per node per day")
+    recovery_time_s: float | None = Field(default=None, ge=0, description="u_b, mean time to recover one failure")
+    recovery_mix: dict[Literal["process", "pod", "job"], float] | None = Field(
+        default=None, description="eq. 41 probabilities; MoFa: 3:6:1"
+    )
+    recovery_times_s: dict[Literal["process", "pod", "job"], float] = {"process": 141.0, "pod": 262.0, "job": 307.0}
+    first_init_s: float = Field(default=0.0, ge=0, description="u_0")
+    checkpoint_save_s: float | None = Field(default=None, ge=0, description="T_save, blocking time per save")
+    checkpoint_write_gb_per_s_per_node: float | None = Field(
+        default=None, gt=0, description="derive T_save from the checkpoint size instead"
+    )
+    checkpoint_interval: int | Literal["optimal"] = "optimal"
+
+    @field_validator("checkpoint_interval")
+    @classmethod
+    def _positive(cls, v):
+        if isinstance(v, int) and v <= 0:
+            raise ValueError("checkpoint_interval must be a positive number of steps or 'optimal'")
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.recovery_time_s is None and self.recovery_mix is None:
+            raise ValueError("give recovery_time_s (u_b) or recovery_mix (eq. 41)")
+        if self.checkpoint_save_s is None and self.checkpoint_write_gb_per_s_per_node is None:
+            raise ValueError("give checkpoint_save_s or checkpoint_write_gb_per_s_per_node")
+        if self.recovery_mix is not None and abs(sum(self.recovery_mix.values()) - 1) > 1e-6:
+            raise ValueError("recovery_mix probabilities must sum to 1")
+        return self
+
+    @property
+    def mean_recovery_s(self) -> float:
+        """u_b (eq. 41 when a mix is given)."""
+        if self.recovery_time_s is not None:
+            return self.recovery_time_s
+        return sum(p * self.recovery_times_s[k] for k, p in self.recovery_mix.items())
+
+
+IntChoices = list[int] | None
+
+
+class SearchSpec(Spec):
+    """Narrowing of the search space; None = every value the rules admit."""
+
+    tp: IntChoices = None
+    cp: IntChoices = None
+    pp: IntChoices = None
+    vp: IntChoices = None
+    ep: IntChoices = None
+    etp: IntChoices = None
+    mbs: IntChoices = Field(default=None, description="default: powers of two up to 8")
+    layer_split: list[SplitMode] = ["even", "embedding_loss"]
+    tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
+    objective: Literal["step", "e2e"] = "step"
+    max_interval: int = Field(default=100000, gt=0)
+
+    @field_validator("tp", "cp", "pp", "vp", "ep", "etp", "mbs")
+    @classmethod
+    def _positive_ints(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("an empty list admits no configuration")
+            if any(x <= 0 for x in v):
+                raise ValueError("values must be positive")
+            return sorted(set(v))
+        return v
+
+
+class ConfigSpec(Spec):
+    """One fixed configuration (a column of MoFa Table 5)."""
+
+    tp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    vp: int = Field(default=1, gt=0, description="virtual pipeline stages per rank (interleaving)")
+    ep: int = Field(default=1, gt=0)
+    etp: int | None = Field(default=None, gt=0, description="expert tensor parallelism; default = tp")
+    mbs: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0, description="derived from the world size; checked if given")
+    layer_split: SplitMode | Literal["auto"] = "auto"
+    recompute: RecomputeMode = "none"
+    tp_overlap: bool = False
+    cp_overlap: bool = False
+    ep_overlap: bool = False
+    pp_overlap: bool = False
+    dp_overlap: bool = False
+    distributed_optimizer: bool = False
+    cpu_optimizer: bool = False
+    activation_offload: bool = False
+    checkpoint_interval: int | Literal["optimal"] | None = Field(
+        default=None, description="None: the fault_tolerance section's"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The problem
+# --------------------------------------------------------------------------------------
+class HFConfigRef(Spec):
+    hf_config: str
+
+
+class Problem(Spec):
+    name: str = ""
+    description: str = ""
+    model: ModelSpec
+    hardware: HardwareSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    features: FeaturesSpec = FeaturesSpec()
+    fault_tolerance: FaultToleranceSpec | None = None
+    search: SearchSpec = SearchSpec()
+    config: ConfigSpec | None = None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve_model(cls, v, info):
+        from costmodel.presets import resolve_model
+
+        return resolve_model(v, (info.context or {}).get("base_dir"))
+
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _resolve_hardware(cls, v):
+        from costmodel.presets import resolve_hardware
+
+        return resolve_hardware(v)
+
+    @model_validator(mode="after")
+    def _config_rules(self):
+        if self.config is not None:
+            from costmodel.rules import config_violations
+
+            problems = config_violations(self, self.config)
+            if problems:
+                field, message = problems[0]
+                raise ValueError(f"config.{field}: {message}")
+        return self
+
+
+ModelRef = Union[str, ModelSpec, HFConfigRef]

@@ -1,0 +1,10 @@
+"""Unit constants. Memory is reported in GB = 1e9 bytes (MoFa Tables 5-7 use decimal GB:
+its Table 7 rows differ by exactly 4 bytes x 8 layers x 398.46M params = 12.75e9 bytes)."""
+
+GB = 1e9
+TFLOP = 1e12
+US = 1e-6
+SECONDS_PER_DAY = 86400.0
+
+#: bytes per element of the data types a problem file may name
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -1,0 +1,88 @@
+"""Optimizer-level cost model: MoFa eq. 13 (T^Opt = T^DP + T^update) with DP overlap (eq. 24),
+the distributed optimizer (eq. 26) and the CPU optimizer (eq. 28).
+
+Gradients of dense parameters are reduced over the CP x DP ranks (CP ranks share weights,
+Llama 3 section 4), those of expert parameters over the expert-data-parallel ranks.
+Without the distributed optimizer this is an all-reduce of the gradients; with it, a
+reduce-scatter of the gradients and an all-gather of the updated parameters (ZeRO-1).
+
+DP overlap (eq. 24): the gradients of virtual stage i+1 reduce while stage i runs backward;
+the parameters of stage j+1 gather while stage j runs forward. Only the first unit is exposed
+in full; the rest hides behind a window of compute, slowed by the contention coefficients:
+    exposed = first + max(0, alpha * rest - beta * window).
+MoFa's window is p*l*(v-1)*T^BWD (the cool-down). With vp = 1 the unit is Megatron's gradient
+bucket (40M parameters by default) and the window the last micro-batch's backward on the rank.
+
+GPU Adam update (eq. 13's P^Opt, counted rather than profiled): per parameter it reads the
+fp32 master weight, both moments and the gradient and writes the master, the moments and the
+bf16 weight: 3*D_opt + D_grad' reads, 3*D_opt + D_para writes (D_grad' = D_opt: the gradient
+is upcast first), at the memory-bound fraction of HBM bandwidth. Sharded over DP by the
+distributed optimizer (eq. 26).
+
+CPU optimizer (eq. 28): parameters / host Adam throughput + gradients device-to-host +
+parameters host-to-device. (Eq. 28 as printed divides gradients by B^h2d and parameters by
+B^d2h; gradients travel device-to-host, so the links are swapped here.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.units import GB
+
+#: Megatron's default DDP bucket (parameters): --ddp-bucket-size default max(40M, 1M * dp)
+BUCKET_PARAMS = 40e6
+#: kernels of one fused multi-tensor Adam step (launch overheads)
+ADAM_KERNELS = 4.0
+
+
+@dataclass(frozen=True)
+class OptimizerTime:
+    dp_exposed: np.ndarray
+    update: np.ndarray
+    dp_total: np.ndarray  # before overlap, for reporting
+
+
+def exposed_after_overlap(total, units, window, coef, on):
+    """Eq. 24 for one direction (reduce-scatter or all-gather)."""
+    first = total / units
+    rest = total - first
+    hidden = first + np.maximum(0.0, coef.alpha * rest - coef.beta * window)
+    return np.where(on, np.minimum(hidden, coef.alpha * total), total)
+
+
+def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
+    return 3 * d_opt + d_opt + 3 * d_opt + d_para
+
+
+def optimizer_time(dense_params, expert_params, cfg, place, net, hw, dtypes, comp, window_b, window_f, units_v) -> OptimizerTime:
+    """DP communication and update of one pipeline rank holding `dense_params` + `expert_params`.
+    window_b/window_f: compute that can hide the gradient reduce-scatter / parameter all-gather;
+    units_v: virtual stages on the rank (1 means bucket-granular overlap)."""
+    d_para, d_grad, d_opt = dtypes
+    dist = cfg.distributed_optimizer == 1
+    rs = net.reduce_scatter(d_grad * dense_params, place.dp) + net.reduce_scatter(d_grad * expert_params, place.edp)
+    gather_bytes = np.where(dist, d_para, d_grad)  # ZeRO-1 gathers weights; all-reduce's 2nd half gathers grads
+    ag = net.all_gather(gather_bytes * dense_params, place.dp) + net.all_gather(gather_bytes * expert_params, place.edp)
+    params = dense_params + expert_params
+    units = np.where(units_v > 1, units_v, np.maximum(1.0, np.ceil(params / BUCKET_PARAMS)))
+    on = cfg.dp_overlap == 1
+    coef = hw.efficiency.dp_overlap
+    # distributed optimizer: the reduce-scatter trails the backward, the parameter all-gather
+    # leads the next forward; without it the whole all-reduce trails the backward
+    exposed = np.where(
+        dist,
+        exposed_after_overlap(rs, units, window_b, coef, on) + exposed_after_overlap(ag, units, window_f, coef, on),
+        exposed_after_overlap(rs + ag, units, window_b, coef, on),
+    )
+
+    dp_size = cfg.cp * np.maximum(cfg.dp, 1)
+    edp = (cfg.tp * dp_size) // np.maximum(cfg.ep * cfg.etp, 1)
+    local = np.where(dist, dense_params / dp_size + expert_params / np.maximum(edp, 1), params)
+    gpu_update = comp.memory_time(adam_bytes_per_param(d_para, d_opt) * local, ADAM_KERNELS)
+    eff = hw.efficiency.host_link_efficiency
+    cpu_update = local / hw.cpu_optimizer_params_per_s + d_grad * local / (hw.d2h_gb_per_s * eff * GB) + d_para * local / (hw.h2d_gb_per_s * eff * GB)
+    update = np.where(cfg.cpu_optimizer == 1, cpu_update, gpu_update)
+    return OptimizerTime(exposed, update, rs + ag)

@@ -1,0 +1,103 @@
+"""Human-readable rendering of evaluation and search results (plain aligned text)."""
+
+from __future__ import annotations
+
+
+def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" + "r" * (len(headers) - 1)
+    lines = []
+    for n, row in enumerate(cells):
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)]
+        lines.append("  ".join(parts).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e5:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.1f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds == float("inf"):
+        return "never (failures outpace progress)"
+    days = seconds / 86400
+    if days >= 1:
+        return f"{seconds:,.0f} s ({days:.1f} days)"
+    return f"{seconds:,.1f} s"
+
+
+FEATURE_SHORT = {
+    "tp_overlap": "TPov",
+    "cp_overlap": "CPov",
+    "ep_overlap": "EPov",
+    "pp_overlap": "PPov",
+    "dp_overlap": "DPov",
+    "distributed_optimizer": "DistOpt",
+    "cpu_optimizer": "CPUOpt",
+    "activation_offload": "Offload",
+}
+
+
+def features_label(config: dict) -> str:
+    on = [short for name, short in FEATURE_SHORT.items() if config.get(name)]
+    if config.get("recompute", "none") != "none":
+        on.append(f"RC-{config['recompute']}")
+    return ",".join(on) or "-"
+
+
+def config_label(c: dict) -> str:
+    parts = [f"tp={c['tp']}", f"cp={c['cp']}", f"pp={c['pp']}", f"vp={c['vp']}", f"dp={c['dp']}", f"ep={c['ep']}"]
+    if c.get("ep", 1) > 1 or c.get("etp", 1) > 1:
+        parts.append(f"etp={c['etp']}")
+    parts.append(f"mbs={c['mbs']}")
+    if c.get("layer_split") == "embedding_loss":
+        parts.append("split=embedding_loss")
+    return " ".join(parts)
+
+
+def render_evaluation(problem_name: str, result: dict, memory_capacity_gb: float) -> str:
+    c = result["config"]
+    out = [f"{problem_name}: {config_label(c)}", f"features: {features_label(c)}", ""]
+    step = result["step_time_s"]
+    rows = [[k, v, 100 * v / step if step else 0.0] for k, v in result["breakdown_s"].items() if v]
+    rows.append(["step time", step, 100.0])
+    out.append(table(["step (s)", "seconds", "%"], rows))
+    if "step_time_interval_s" in result:
+        lo, hi = result["step_time_interval_s"]
+        out.append(f"calibrated interval: {lo:.2f} - {hi:.2f} s")
+    out.append("")
+    mem = result["memory_gb"]
+    mrows = [[k, v] for k, v in mem.items() if k != "peak" and v]
+    fit = "fits" if result["fits"] else "DOES NOT FIT"
+    mrows.append([f"peak ({result['worst_rank']} rank)", mem["peak"]])
+    out.append(table(["memory (GB)", "GB"], mrows))
+    out.append(f"{fit} in {memory_capacity_gb:g} GB" + ("" if result["host_fits"] else f"; host memory short ({result['host_memory_gb']:.0f} GB needed)"))
+    out.append("")
+    out.append(
+        f"throughput: {result['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * result['mfu']:.1f}%, "
+        f"HFU {100 * result['hfu']:.1f}%, {result['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+        f"{result['microbatches']:g} micro-batches"
+    )
+    if result.get("ettr") is not None:
+        out.append(
+            f"reliability: ETTR {100 * result['ettr']:.2f}% with a checkpoint every {result['checkpoint_interval']} steps "
+            f"(save {result['checkpoint_save_s']:.2f} s); end-to-end {duration(result['e2e_time_s'])}"
+        )
+    return "\n".join(out)
