@@ -139,6 +139,8 @@ def mlp_params(m: ModelSpec, ffn: int) -> int:
 
 def layer_params(m: ModelSpec, moe: bool) -> int:
     """Total parameters of one layer (unsharded): attention, MLP or experts, 2 norms."""
+    if moe and m.moe is None:
+        return 0
     split, replicated = attention_params(m)
     total = split + replicated + 2 * m.hidden_size
     if not moe:
@@ -154,6 +156,8 @@ def layer_params(m: ModelSpec, moe: bool) -> int:
 
 def active_matmul_params(m: ModelSpec, moe: bool) -> int:
     """Matmul parameters one token passes through in one layer (for model FLOPs)."""
+    if moe and m.moe is None:
+        return 0
     split, replicated = attention_params(m)
     attn = split + replicated
     if not moe:

@@ -10,21 +10,24 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from costmodel.arrays import divides
 from costmodel.specs import FEATURES, ConfigSpec, Problem
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
-SPLIT_CODES = {"even": 0, "embedding_loss": 1}
-SPLIT_NAMES = {v: k for k, v in SPLIT_CODES.items()}
 
-#: integer decision variables, in the order they are printed
-PARALLEL_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "split", "recompute")
+#: integer decision variables, in the order they are printed; first_layers / last_layers are
+#: the transformer layers on the first and last pipeline rank (the rest split evenly)
+PARALLEL_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "first_layers", "last_layers", "recompute")
 #: checkpoint interval in steps; 0 means "the optimum of eq. 44"
 INTERVAL_FIELD = "interval"
 
 
 @dataclass(frozen=True)
 class ConfigBatch:
+    """Columns are float64 (exact for these integers) so that the model's arithmetic never
+    converts between integer and float arrays, which costs more than the arithmetic."""
+
     tp: np.ndarray
     cp: np.ndarray
     pp: np.ndarray
@@ -32,7 +35,8 @@ class ConfigBatch:
     ep: np.ndarray
     etp: np.ndarray
     mbs: np.ndarray
-    split: np.ndarray
+    first_layers: np.ndarray
+    last_layers: np.ndarray
     recompute: np.ndarray
     tp_overlap: np.ndarray
     cp_overlap: np.ndarray
@@ -53,14 +57,17 @@ class ConfigBatch:
         if unknown:
             raise KeyError(f"unknown configuration fields: {sorted(unknown)}")
         n = max((np.size(v) for v in columns.values()), default=1)
-        defaults = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "etp": 1, "mbs": 1, "split": 0, "recompute": 0, "interval": 0}
+        defaults = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": 0, "interval": 0}
+        missing = {"first_layers", "last_layers"} - set(columns)
+        if missing:
+            raise KeyError(f"layer split not given: {sorted(missing)} (see pipeline.split_layers)")
         arrays = {}
         for name in names:
             value = columns.get(name, defaults.get(name, 0))
-            arr = np.broadcast_to(np.asarray(value, dtype=np.int64), (n,))
+            arr = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,))
             arrays[name] = np.ascontiguousarray(arr)
         model_parallel = arrays["tp"] * arrays["cp"] * arrays["pp"]
-        dp = np.where(num_gpus % model_parallel == 0, num_gpus // model_parallel, 0)
+        dp = np.where(divides(model_parallel, num_gpus), np.floor(num_gpus / model_parallel), 0.0)
         return cls(dp=dp, **arrays)
 
     @classmethod
@@ -75,13 +82,17 @@ class ConfigBatch:
     def __len__(self) -> int:
         return len(self.tp)
 
+    def derived(self) -> "Derived":
+        return Derived(self)
+
     def take(self, index) -> "ConfigBatch":
         return ConfigBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     def row(self, i: int) -> dict:
         """Human-facing dict of one configuration (names, not codes)."""
         out = {name: int(getattr(self, name)[i]) for name in ("tp", "cp", "pp", "vp", "ep", "etp", "dp", "mbs")}
-        out["layer_split"] = SPLIT_NAMES[int(self.split[i])]
+        out["first_stage_layers"] = int(self.first_layers[i])
+        out["last_stage_layers"] = int(self.last_layers[i])
         out["recompute"] = RECOMPUTE_NAMES[int(self.recompute[i])]
         for name in FEATURES:
             out[name] = bool(getattr(self, name)[i])
@@ -94,15 +105,43 @@ class ConfigBatch:
         return ConfigBatch(**{f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(ConfigBatch)})
 
 
+class Derived:
+    """Per-configuration quantities that several parts of the model need, computed once:
+    feature switches as 0/1 floats, data-parallel group sizes."""
+
+    def __init__(self, cfg: ConfigBatch):
+        self.dist = (cfg.distributed_optimizer == 1) * 1.0
+        self.cpu = (cfg.cpu_optimizer == 1) * 1.0
+        self.offload = (cfg.activation_offload == 1) * 1.0
+        self.dp_overlap = (cfg.dp_overlap == 1) * 1.0
+        self.pp_overlap = (cfg.pp_overlap == 1) * 1.0
+        self.full_recompute = (cfg.recompute == 2) * 1.0
+        self.interleaved = (cfg.vp > 1) * 1.0
+        self.dp = np.maximum(cfg.dp, 1.0)
+        self.dp_cp = cfg.cp * self.dp  # ranks that reduce one dense gradient
+        self.edp = np.maximum(np.floor(cfg.tp * self.dp_cp / np.maximum(cfg.ep * cfg.etp, 1.0)), 1.0)  # ... one expert gradient
+
+
 def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
-    """Integer codes of a ConfigSpec: etp defaults to tp, 'auto' split to the first mode the
-    layer count admits, features to the problem's forced value, interval to the problem's."""
+    """Integer codes of a ConfigSpec: etp defaults to tp; the layer split follows
+    `first_stage_layers`/`last_stage_layers` if given, else `layer_split` ('auto' picks even,
+    then embedding_loss, then uneven -- the first the layer count admits); features as given;
+    the interval defaults to the fault_tolerance section's."""
+    from costmodel.pipeline import SPLIT_MODES, split_layers
+
     L = problem.model.num_layers
-    stages = spec.pp * spec.vp
-    if spec.layer_split == "auto":
-        split = "even" if L % stages == 0 or spec.pp == 1 else "embedding_loss"
+    if spec.first_stage_layers is not None or spec.last_stage_layers is not None:
+        even_first, even_last = (int(x[0]) for x in split_layers(L, np.array([spec.pp]), np.array([spec.vp]), "uneven"))
+        first = spec.first_stage_layers if spec.first_stage_layers is not None else even_first
+        last = spec.last_stage_layers if spec.last_stage_layers is not None else even_last
     else:
-        split = spec.layer_split
+        modes = SPLIT_MODES if spec.layer_split == "auto" else (spec.layer_split,)
+        first = last = 0
+        for mode in modes:
+            f, la = split_layers(L, np.array([spec.pp]), np.array([spec.vp]), mode)
+            if f[0] > 0:
+                first, last = int(f[0]), int(la[0])
+                break
     row = {
         "tp": spec.tp,
         "cp": spec.cp,
@@ -111,7 +150,8 @@ def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
         "ep": spec.ep,
         "etp": spec.etp if spec.etp is not None else (spec.tp if problem.model.moe else 1),
         "mbs": spec.mbs,
-        "split": SPLIT_CODES[split],
+        "first_layers": first,
+        "last_layers": last,
         "recompute": RECOMPUTE_CODES[spec.recompute],
     }
     for name in FEATURES:

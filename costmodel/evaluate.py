@@ -14,14 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel import architecture as arch
+from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
 from costmodel.configs import ConfigBatch
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
-from costmodel.layer import layer_time
+from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
 from costmodel.memory import MEMORY_KEYS, rank_memory
 from costmodel.network import Network
 from costmodel.pipeline import in_flight, pipeline_time, rank_classes
-from costmodel.placement import place
+from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import Problem
 from costmodel.units import DTYPE_BYTES, GB, TFLOP
@@ -92,13 +93,19 @@ def checkpoint_save_s(problem: Problem) -> float | None:
     return state_bytes / (ft.checkpoint_write_gb_per_s_per_node * GB * problem.cluster.num_nodes)
 
 
-def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
+def layer_key_fields(order: list[str]) -> tuple[str, ...]:
+    """Fields that fix the layer-level costs. The TP/CP/EP groups sit where the placement order
+    puts them; if PP or DP is placed inside one of them, their sizes move its strides."""
+    inner = max(order.index(d) for d in ("tp", "cp", "ep"))
+    extra = tuple(f for f, dim in (("pp", "pp"), ("dp", "dp")) if order.index(dim) < inner)
+    return LAYER_KEY_FIELDS + extra
+
+
+def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
+    """Layer-level costs (eqs. 1, 3, 7, 8, 17-22, 29-35) for each configuration of `cfg`."""
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     eff = hw.efficiency
     d_act = DTYPE_BYTES[tr.dtypes.activations]
-    dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), d_act)
-    G = cl.num_gpus
-
     shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len)
     dense = arch.dense_layer(m, tr, shard, d_act)
     moe = arch.moe_layer(m, tr, shard, d_act) if m.moe is not None else None
@@ -106,7 +113,7 @@ def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
 
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
     net = Network(hw, cl)
-    where = place(cl.placement, cfg)
+    where = place(cl.placement, cfg, net)
     host = (hw.d2h_gb_per_s * eff.host_link_efficiency * GB, hw.h2d_gb_per_s * eff.host_link_efficiency * GB)
     unfused = tr.attention_kernel == "unfused"
     lt_d = layer_time(dense, m, cfg, where, comp, net, eff, unfused, host)
@@ -114,10 +121,55 @@ def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
 
     # embedding (first rank) and output head + loss (last rank), per micro-batch
     emb_f = comp.memory_time(edge.embedding_memory_bytes)
-    emb_b = 2.0 * emb_f
     head_gemm = comp.gemm_time(edge.head_gemm)
     head_mem = comp.memory_time(edge.head_memory_bytes, 4.0)
     head_tp = net.all_gather(edge.head_tp_bytes, where.tp)
+    return LayerCosts(
+        dense=kind_costs(dense, lt_d, cfg.recompute),
+        moe=kind_costs(moe, lt_m, cfg.recompute) if moe is not None else None,
+        embedding_f=emb_f,
+        embedding_b=2.0 * emb_f,
+        head_compute=3.0 * head_gemm + 2.0 * head_mem,
+        head_forward=head_gemm + head_mem + head_tp,
+        head_tp=2.0 * head_tp,
+        head_saved=edge.head_saved,
+        embedding_params=edge.embedding_params_local + 0.0 * emb_f,
+        head_params=edge.head_params_local + 0.0 * emb_f,
+        hop_bytes=d_act * shard.tokens * m.hidden_size / shard.t,
+    )
+
+
+def shared_layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
+    """MPE's layer-cost reuse (seed 002): configurations that differ only in pipeline, DP,
+    optimizer or checkpoint choices share their layer costs, so compute each distinct layer
+    shape once and gather."""
+    names = layer_key_fields(problem.cluster.placement)
+    key = np.zeros(len(cfg), dtype=np.int64)
+    for name in names:
+        column = getattr(cfg, name).astype(np.int64)
+        key = key * (int(column.max(initial=0)) + 1) + column
+    first, inverse = unique_rows(key)
+    if len(first) == len(cfg):
+        return layer_costs(problem, cfg)
+    return layer_costs(problem, cfg.take(first)).take(inverse)
+
+
+def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return _evaluate(problem, cfg)
+
+
+def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
+    m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
+    eff = hw.efficiency
+    d_act = DTYPE_BYTES[tr.dtypes.activations]
+    dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), d_act)
+    G = cl.num_gpus
+    lc = shared_layer_costs(problem, cfg)
+    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
+    net = Network(hw, cl)
+    groups = stage_groups(cl.placement, cfg, net)
+    x = cfg.derived()
 
     ranks = rank_classes(m.num_layers, m.num_dense_layers, cfg)
     micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
@@ -125,25 +177,27 @@ def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "offload")}
     fwd, bwd = [], []
     for rank in ranks:
-        def both(f):
-            return rank.dense * f(lt_d) + (rank.moe * f(lt_m) if lt_m is not None else 0.0)
+        def both(name):
+            value = rank.dense * getattr(lc.dense, name)
+            return value if lc.moe is None else value + rank.moe * getattr(lc.moe, name)
 
-        compute = both(lambda x: x.comp_f + x.comp_b)
+        compute = both("compute")
+        f = both("forward")
         if rank.first:
-            compute = compute + emb_f + emb_b
-        compute = compute + np.where(rank.last, 3.0 * head_gemm + 2.0 * head_mem, 0.0)
-        parts["compute"].append(compute)
-        parts["recompute"].append(both(lambda x: x.recompute))
-        parts["tp"].append(both(lambda x: x.tp_f + x.tp_b) + np.where(rank.last, 2.0 * head_tp, 0.0))
-        parts["cp"].append(both(lambda x: x.cp_f + x.cp_b))
-        parts["ep"].append(both(lambda x: x.ep_f + x.ep_b))
-        parts["offload"].append(both(lambda x: x.offload_f + x.offload_b))
-        f = both(lambda x: x.forward) + (emb_f if rank.first else 0.0) + np.where(rank.last, head_gemm + head_mem + head_tp, 0.0)
+            compute = compute + lc.embedding_f + lc.embedding_b
+            f = f + lc.embedding_f
+        parts["compute"].append(compute + rank.last * lc.head_compute)
+        parts["recompute"].append(both("recompute"))
+        parts["tp"].append(both("tp") + rank.last * lc.head_tp)
+        parts["cp"].append(both("cp"))
+        parts["ep"].append(both("ep"))
+        parts["offload"].append(both("offload"))
+        f = f + rank.last * lc.head_forward
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
 
     per_rank = [fwd[k] + bwd[k] for k in range(3)]
-    hop = net.p2p_hop(d_act * shard.tokens * m.hidden_size / shard.t, where.pp_stride, cfg.pp)
+    hop = net.p2p_hop(lc.hop_bytes, groups.pp)
     chunk_f, chunk_b = fwd[1] / cfg.vp, bwd[1] / cfg.vp
     pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, eff.pp_overlap)
 
@@ -154,35 +208,34 @@ def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     for k, rank in enumerate(ranks):
         rank_index = 0 if k == 0 else (np.ones_like(cfg.pp) if k == 1 else cfg.pp - 1)
         flight = in_flight(rank_index, cfg, micro)
-        ledger = rank_memory(rank, flight, dense, moe, edge, cfg, dtypes, hw.runtime_reserved_gb, host_share, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4")
+        ledger = rank_memory(rank, flight, lc, cfg, x, dtypes, hw.runtime_reserved_gb, host_share, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4")
         ledgers.append(ledger)
-        window_b = np.where(cfg.vp > 1, (cfg.vp - 1) * cfg.pp * bwd[k] / cfg.vp, bwd[k])
-        window_f = np.where(cfg.vp > 1, (cfg.vp - 1) * cfg.pp * fwd[k] / cfg.vp, fwd[k])
-        ot = optimizer_time(ledger.dense_params, ledger.expert_params, cfg, where, net, hw, dtypes[:3], comp, window_b, window_f, cfg.vp)
+        cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
+        window_b = cooldown * bwd[k]
+        window_f = cooldown * fwd[k]
+        ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, groups, net, hw, dtypes[:3], comp, window_b, window_f, cfg.vp, m.moe is not None)
         opt_dp.append(ot.dp_exposed)
         opt_update.append(ot.update)
-    opt_total = np.stack(opt_dp) + np.stack(opt_update)
-    opt_rank = opt_total.argmax(axis=0)
-    cols = np.arange(len(cfg))
-    dp_exposed = np.stack(opt_dp)[opt_rank, cols]
-    update = np.stack(opt_update)[opt_rank, cols]
+    slowest = argmax3(*(opt_dp[k] + opt_update[k] for k in range(3)))
+    dp_exposed = pick3(slowest, *opt_dp)
+    update = pick3(slowest, *opt_update)
 
     step = pipe.total + dp_exposed + update
     breakdown = {}
     for key in BREAKDOWN_KEYS:
         if key in parts:
-            breakdown[key] = micro * np.stack(parts[key])[pipe.bottleneck, cols]
+            breakdown[key] = micro * pick3(pipe.bottleneck, *parts[key])
     breakdown["pp"] = pipe.pp_exposed
     breakdown["bubble"] = pipe.bubble
     breakdown["dp"] = dp_exposed
     breakdown["update"] = update
     breakdown = {k: breakdown[k] for k in BREAKDOWN_KEYS}
 
-    peaks = np.stack([lg.peak for lg in ledgers])
-    worst = peaks.argmax(axis=0)
-    memory = {key: np.stack([getattr(lg, key) for lg in ledgers])[worst, cols] for key in MEMORY_KEYS}
-    memory["peak"] = peaks[worst, cols]
-    host_used = np.stack([lg.host for lg in ledgers]).max(axis=0)
+    peaks = [lg.peak for lg in ledgers]
+    worst = argmax3(*peaks)
+    memory = {key: pick3(worst, *(getattr(lg, key) for lg in ledgers)) for key in MEMORY_KEYS}
+    memory["peak"] = pick3(worst, *peaks)
+    host_used = np.maximum(np.maximum(ledgers[0].host, ledgers[1].host), ledgers[2].host)
 
     tokens = tr.global_batch_size * tr.seq_len
     model_flops = tokens * model_flops_per_token(m, tr.seq_len)
@@ -209,7 +262,7 @@ def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         step_time_s=step,
         breakdown_s=breakdown,
         memory_bytes=memory,
-        worst_rank=worst,
+        worst_rank=worst[1] + 2.0 * worst[2],
         fits=memory["peak"] <= hw.memory_gb * GB,
         host_bytes=host_used,
         host_fits=host_used <= host_share,

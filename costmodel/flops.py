@@ -26,7 +26,7 @@ def attention_flops_per_token(m: ModelSpec, seq_len: int) -> float:
 
 def layer_forward_flops_per_token(m: ModelSpec, seq_len: int, moe: bool) -> float:
     if moe and m.moe is None:
-        return 0.0
+        return 0.0  # a dense model has no MoE layer
     return 2.0 * active_matmul_params(m, moe) + attention_flops_per_token(m, seq_len)
 
 

@@ -20,7 +20,7 @@ still hides the backward re-all-gather of the sequence-parallel input behind the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from costmodel.architecture import LayerWork
 from costmodel.compute import ComputeModel
 from costmodel.configs import ConfigBatch
 from costmodel.network import Network
-from costmodel.placement import Placement
+from costmodel.placement import LayerGroups
 from costmodel.specs import EfficiencyProfile, ModelSpec
 
 #: memory-bound kernels per layer (norms, residual adds, activation, rotary, permutes)
@@ -73,7 +73,7 @@ def layer_time(
     work: LayerWork,
     model: ModelSpec,
     cfg: ConfigBatch,
-    place: Placement,
+    place: LayerGroups,
     comp: ComputeModel,
     net: Network,
     eff: EfficiencyProfile,
@@ -133,3 +133,74 @@ def layer_time(
     offload_f = np.where(off, np.maximum(c.alpha * saved / d2h, c.beta * fwd) - fwd, 0.0)
     offload_b = np.where(off, np.maximum(c.alpha * saved / h2d, c.beta * bwd) - bwd, 0.0)
     return LayerTime(comp_f, comp_b, tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, recompute, offload_f, offload_b, attn_f)
+
+
+#: the configuration fields that fix a layer's shape and layer-level features (MPE's "layer")
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "recompute", "tp_overlap", "cp_overlap", "ep_overlap", "activation_offload")
+
+
+@dataclass(frozen=True)
+class KindCosts:
+    """One layer kind (dense or MoE), per layer and per micro-batch on one GPU."""
+
+    compute: np.ndarray  # forward + backward operator time
+    recompute: np.ndarray
+    tp: np.ndarray  # exposed communication, forward + backward
+    cp: np.ndarray
+    ep: np.ndarray
+    offload: np.ndarray
+    forward: np.ndarray
+    activation: np.ndarray  # bytes kept for backward under the recompute mode (eqs. 5, 29, 31)
+    saved_full: np.ndarray  # bytes of the complete saved set (working set of a recomputed layer)
+    input_bytes: np.ndarray
+    params: np.ndarray  # parameters on the GPU
+    expert_params: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.compute + self.recompute + self.tp + self.cp + self.ep + self.offload
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Everything per layer shape that the pipeline, memory and optimizer models compose."""
+
+    dense: KindCosts
+    moe: KindCosts | None
+    embedding_f: np.ndarray
+    embedding_b: np.ndarray
+    head_compute: np.ndarray  # forward + backward of the head GEMM and the loss
+    head_forward: np.ndarray
+    head_tp: np.ndarray  # exposed, forward + backward
+    head_saved: np.ndarray
+    embedding_params: np.ndarray
+    head_params: np.ndarray
+    hop_bytes: np.ndarray  # one pipeline hop: an activation micro-batch
+
+    def take(self, index) -> "LayerCosts":
+        def pick(x):
+            if x is None:
+                return None
+            if isinstance(x, KindCosts):
+                return KindCosts(*(getattr(x, f.name)[index] for f in fields(KindCosts)))
+            return x[index]
+
+        return LayerCosts(*(pick(getattr(self, f.name)) for f in fields(LayerCosts)))
+
+
+def kind_costs(work: LayerWork, t: LayerTime, recompute: np.ndarray) -> KindCosts:
+    activation = np.select([recompute == 1, recompute == 2], [work.saved_without_core_attention(), work.input_bytes], work.saved_bytes)
+    return KindCosts(
+        compute=t.comp_f + t.comp_b,
+        recompute=t.recompute,
+        tp=t.tp_f + t.tp_b,
+        cp=t.cp_f + t.cp_b,
+        ep=t.ep_f + t.ep_b,
+        offload=t.offload_f + t.offload_b,
+        forward=t.forward,
+        activation=activation,
+        saved_full=work.saved_bytes,
+        input_bytes=work.input_bytes,
+        params=work.params_local + 0.0 * t.comp_f,
+        expert_params=work.expert_params_local + 0.0 * t.comp_f,
+    )

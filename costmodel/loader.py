@@ -47,8 +47,9 @@ def _describe(err: ValidationError) -> tuple[str | None, str]:
         message = "required field is missing"
     elif first["type"] == "extra_forbidden":
         message = "unknown field (check the spelling)"
-    if first["type"] not in ("missing", "extra_forbidden") and "input" in first and not isinstance(first["input"], (dict, list)):
-        message = f"{message} (got {first['input']!r})"
+    shown = repr(first.get("input"))
+    if first["type"] not in ("missing", "extra_forbidden", "value_error") and "input" in first and not isinstance(first["input"], (dict, list)) and shown not in message:
+        message = f"{message} (got {shown})"
     return field or None, message
 
 
@@ -82,6 +83,8 @@ def apply_overrides(data: dict, overrides: list[str], path: str) -> dict:
             child = node.get(k)
             if child is None:
                 child = node[k] = {}
+            if isinstance(child, str) and node is data and k in ("model", "hardware"):
+                child = node[k] = {"preset": child}  # override a field of a named preset
             if not isinstance(child, dict):
                 raise ProblemError(path, ".".join(keys), "cannot set a field inside a non-mapping value")
             node = child

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.architecture import EdgeWork, LayerWork
-from costmodel.configs import ConfigBatch
+from costmodel.arrays import blend
+from costmodel.configs import ConfigBatch, Derived
+from costmodel.layer import LayerCosts
 from costmodel.pipeline import RankLayers
 from costmodel.units import GB
 
@@ -63,18 +64,12 @@ class RankMemory:
         return self.params + self.grads + self.optimizer + self.activations + self.optimizer_transient + self.buffers
 
 
-def layer_activation(work: LayerWork, recompute: np.ndarray) -> np.ndarray:
-    """Bytes one layer keeps for one micro-batch under each recompute mode (eqs. 5, 29, 31)."""
-    return np.select([recompute == 1, recompute == 2], [work.saved_without_core_attention(), work.input_bytes], work.saved_bytes)
-
-
 def rank_memory(
     rank: RankLayers,
     in_flight: np.ndarray,
-    dense: LayerWork,
-    moe: LayerWork | None,
-    edge: EdgeWork,
+    lc: LayerCosts,
     cfg: ConfigBatch,
+    x: Derived,
     dtypes: tuple[int, int, int, int],
     runtime_reserved_gb: float,
     host_share_bytes: float,
@@ -83,49 +78,42 @@ def rank_memory(
 ) -> RankMemory:
     d_para, d_grad, d_opt, d_act = dtypes
     n_d, n_m = rank.dense, rank.moe
-    zero = np.zeros(len(cfg))
-    moe_dense = (moe.params_local - moe.expert_params_local) if moe is not None else zero
-    moe_expert = moe.expert_params_local if moe is not None else zero
-    dense_params = n_d * dense.params_local + n_m * moe_dense
+    dense, moe = lc.dense, lc.moe
+
+    def both(name):
+        value = n_d * getattr(dense, name)
+        return value if moe is None else value + n_m * getattr(moe, name)
+
+    expert_params = 0.0 * n_d if moe is None else n_m * moe.expert_params
+    dense_params = both("params") - expert_params
     if rank.first:
-        dense_params = dense_params + edge.embedding_params_local
-    head = edge.head_params_local
+        dense_params = dense_params + lc.embedding_params
+    head = lc.head_params
     if tied_embeddings and rank.first:  # tied and one stage: the head reuses the embedding
-        head = edge.head_params_local - edge.embedding_params_local
-    dense_params = dense_params + np.where(rank.last, head, 0.0)  # tied, pp>1: Megatron keeps a copy
-    expert_params = n_m * moe_expert
+        head = lc.head_params - lc.embedding_params
+    dense_params = dense_params + rank.last * head  # tied, pp>1: Megatron keeps a copy
     params = dense_params + expert_params
 
-    dist = cfg.distributed_optimizer == 1
-    dp_size = cfg.cp * np.maximum(cfg.dp, 1)
-    edp = np.maximum((cfg.tp * dp_size) // np.maximum(cfg.ep * cfg.etp, 1), 1)
-    opt_params = np.where(dist, dense_params / dp_size + expert_params / edp, params)
+    opt_params = blend(x.dist, dense_params / x.dp_cp + expert_params / x.edp, params)
     if mofa_eq4:  # MoFa eq. 4 taken literally: four D_opt copies for the whole run
         states, transient = 4 * d_opt * opt_params, 0.0 * opt_params
     else:
         states = (3 if d_para < d_opt else 2) * d_opt * opt_params
         transient = (d_opt if d_grad < d_opt else 0) * opt_params
-    cpu = cfg.cpu_optimizer == 1
-    gpu_states = np.where(cpu, np.maximum(0.0, states - host_share_bytes), states)
-    host_states = np.where(cpu, np.minimum(states, host_share_bytes), 0.0)
-    gpu_transient = np.where(cpu, 0.0, transient)
+    gpu_states = blend(x.cpu, np.maximum(0.0, states - host_share_bytes), states)
+    host_states = x.cpu * np.minimum(states, host_share_bytes)
+    gpu_transient = transient * (1.0 - x.cpu)
 
-    act_d = layer_activation(dense, cfg.recompute)
-    act_m = layer_activation(moe, cfg.recompute) if moe is not None else zero
-    per_microbatch = n_d * act_d + n_m * act_m
-    full_d, full_m = dense.saved_bytes, (moe.saved_bytes if moe is not None else zero)
-    largest_layer = np.maximum(np.where(n_d > 0, full_d, 0.0), np.where(n_m > 0, full_m, 0.0))
-    chunk = per_microbatch / cfg.vp
-    resident = in_flight * chunk + np.where(cfg.recompute == 2, largest_layer, 0.0)
-    offload = cfg.activation_offload == 1
+    largest_layer = np.maximum((n_d > 0) * dense.saved_full, 0.0 if moe is None else (n_m > 0) * moe.saved_full)
+    chunk = both("activation") / cfg.vp
+    resident = in_flight * chunk + x.full_recompute * largest_layer
     # the schedule keeps a reference to every in-flight chunk's input tensor (Megatron's
     # input_tensors list), so offloading cannot free it
-    chunk_inputs = in_flight * np.where(n_d > 0, dense.input_bytes, moe.input_bytes if moe is not None else zero)
-    activations = np.where(offload, 2.0 * largest_layer + chunk_inputs, resident)
-    host_act = np.where(offload, in_flight * chunk, 0.0)
-    activations = activations + np.where(rank.last, edge.head_saved, 0.0)
+    chunk_inputs = in_flight * dense.input_bytes
+    activations = blend(x.offload, 2.0 * largest_layer + chunk_inputs, resident) + rank.last * lc.head_saved
+    host_act = x.offload * in_flight * chunk
 
-    pp_buffers = np.where(cfg.pp > 1, 2.0 * d_act * edge.head_gemm.m * edge.head_gemm.k / cfg.tp, 0.0)
+    pp_buffers = (cfg.pp > 1) * 2.0 * lc.hop_bytes
     return RankMemory(
         params=d_para * params,
         grads=d_grad * params,

@@ -18,12 +18,31 @@ An all-to-all sends each level's share of the data over that level's links concu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from costmodel.specs import ClusterSpec, HardwareSpec
 from costmodel.units import GB, US
 
 Factors = list[tuple[np.ndarray, np.ndarray]]  # (stride, count) per dimension of the group
+
+
+@dataclass(frozen=True)
+class Group:
+    """A parallel group resolved onto the hierarchy: members per level (inside a node, nodes
+    per supernode, supernodes) and the bandwidth of each level (the outer one decayed by the
+    group's span, eq. 3's beta)."""
+
+    n: tuple[np.ndarray, np.ndarray, np.ndarray]
+    bandwidth: tuple[np.ndarray, np.ndarray, np.ndarray]
+    span: np.ndarray
+    ring_seconds_per_byte: np.ndarray  # a reduce-scatter is affine in its size:
+    ring_latency: np.ndarray  # time = bytes * ring_seconds_per_byte + ring_latency
+
+    @property
+    def size(self) -> np.ndarray:
+        return self.n[0] * self.n[1] * self.n[2]
 
 
 class Network:
@@ -34,13 +53,13 @@ class Network:
         inter = cluster.inter_node_gb_per_s or hw.inter_node_gb_per_s
         intra_lat = cluster.intra_node_latency_us if cluster.intra_node_latency_us is not None else hw.intra_node_latency_us
         inter_lat = cluster.inter_node_latency_us if cluster.inter_node_latency_us is not None else hw.inter_node_latency_us
-        self.blocks = (cluster.gpus_per_node, cluster.supernode)
+        self.blocks = (float(cluster.gpus_per_node), float(cluster.supernode))
         self.bandwidth = np.array([intra * eff["node"], superbw * eff["supernode"], inter * eff["cluster"]]) * GB
         self.latency = np.array([intra_lat, intra_lat, inter_lat]) * US
         points = sorted(cluster.bandwidth_decay, key=lambda p: p.gpus)
         self._decay_x = np.log2([p.gpus for p in points]) if points else None
         self._decay_y = np.array([p.beta for p in points]) if points else None
-        self.num_gpus = cluster.num_gpus
+        self.num_gpus = float(cluster.num_gpus)
 
     def decay(self, span: np.ndarray) -> np.ndarray:
         """beta of eq. 3 for a collective spanning `span` GPUs (1 if the cluster gives none)."""
@@ -48,76 +67,73 @@ class Network:
             return np.ones_like(span, dtype=float)
         return np.interp(np.log2(np.maximum(span, 1)), self._decay_x, self._decay_y)
 
-    def fanout(self, factors: Factors):
-        """Members of the group per level: (inside a node, nodes per supernode, supernodes)
-        and the number of GPUs the group spans."""
+    def group(self, factors: Factors) -> Group:
+        """Resolve (stride, count) factors (floats, inner first) onto the hierarchy."""
         def members(block):
-            k = 1
+            k = 1.0
             for stride, count in factors:
-                k = k * np.clip(block // stride, 1, count)
+                k = k * np.minimum(np.maximum(np.floor(block / stride), 1.0), count)
             return k
 
-        n = 1
-        span = 1
+        n = 1.0
+        span = 1.0
         for stride, count in factors:
             n = n * count
             span = np.maximum(span, stride * count)
         k_node = members(self.blocks[0])
-        k_super = np.maximum(members(self.blocks[1]), k_node)
-        return k_node, k_super // k_node, n // k_super, np.minimum(span, self.num_gpus)
+        k_super = k_node if self.blocks[1] == self.blocks[0] else np.maximum(members(self.blocks[1]), k_node)
+        span = np.minimum(span, self.num_gpus)
+        outer = self.bandwidth[2] if self._decay_x is None else self.bandwidth[2] * self.decay(span)
+        bw = (self.bandwidth[0], self.bandwidth[1], outer)
+        levels = (k_node, k_super / k_node, n / k_super)
+        per_byte, latency, share = 0.0, 0.0, 1.0
+        for n_j, b, lat in zip(levels, bw, self.latency):
+            per_byte = per_byte + (n_j - 1.0) / n_j * share / b
+            latency = latency + (n_j - 1.0) * lat
+            share = share / n_j
+        return Group(levels, bw, span, per_byte, latency)
 
-    def _levels(self, factors: Factors):
-        n0, n1, n2, span = self.fanout(factors)
-        bw_outer = self.bandwidth[2] * self.decay(span)
-        return (n0, n1, n2), (self.bandwidth[0], self.bandwidth[1], bw_outer)
-
-    def reduce_scatter(self, full_bytes: np.ndarray, factors: Factors) -> np.ndarray:
-        """Reduce-scatter (or all-gather) of a buffer of `full_bytes` over the group."""
-        (n0, n1, n2), bw = self._levels(factors)
-        time = 0.0
-        share = full_bytes
-        for n, b, lat in zip((n0, n1, n2), bw, self.latency):
-            time = time + (n - 1) / n * share / b + (n - 1) * lat
-            share = share / n
-        return np.where(full_bytes > 0, time, 0.0)
+    def reduce_scatter(self, full_bytes: np.ndarray, g: Group) -> np.ndarray:
+        """Reduce-scatter (or all-gather) of a buffer of `full_bytes` over the group:
+        sum over levels of (n-1)/n * share / B + (n-1) * latency, the share shrinking by n
+        (precomputed per group as an affine function of the size)."""
+        return (full_bytes * g.ring_seconds_per_byte + g.ring_latency) * (full_bytes > 0)
 
     all_gather = reduce_scatter
 
-    def all_reduce(self, full_bytes: np.ndarray, factors: Factors) -> np.ndarray:
-        return 2.0 * self.reduce_scatter(full_bytes, factors)
+    def all_reduce(self, full_bytes: np.ndarray, g: Group) -> np.ndarray:
+        return 2.0 * self.reduce_scatter(full_bytes, g)
 
-    def all_to_all(self, bytes_per_rank: np.ndarray, factors: Factors, inter_node_cap=None) -> np.ndarray:
+    def all_to_all(self, bytes_per_rank: np.ndarray, g: Group, inter_node_cap=None) -> np.ndarray:
         """All-to-all where each rank sends `bytes_per_rank` spread evenly over the group;
         the shares for the node, the supernode and beyond travel concurrently on their links.
         `inter_node_cap` (fraction of the data, e.g. DeepSeek's node-limited routing) bounds the
         share that leaves the node."""
-        (n0, n1, n2), bw = self._levels(factors)
+        n0, n1, n2 = g.n
         n = n0 * n1 * n2
-        f_node = (n0 - 1) / n
-        f_super = n0 * (n1 - 1) / n
-        f_out = n0 * n1 * (n2 - 1) / n
+        f_node = (n0 - 1.0) / n
+        f_super = n0 * (n1 - 1.0) / n
+        f_out = n0 * n1 * (n2 - 1.0) / n
         if inter_node_cap is not None:
             f_out = np.minimum(f_out, inter_node_cap)
             f_super = np.minimum(f_super, inter_node_cap)
-        t = np.maximum(np.maximum(f_node * bytes_per_rank / bw[0], f_super * bytes_per_rank / bw[1]), f_out * bytes_per_rank / bw[2])
+        t = np.maximum(np.maximum(f_node / g.bandwidth[0], f_super / g.bandwidth[1]), f_out / g.bandwidth[2]) * bytes_per_rank
         lat = np.where(n2 > 1, self.latency[2], np.where(n1 > 1, self.latency[1], self.latency[0]))
-        return np.where((n > 1) & (bytes_per_rank > 0), t + lat, 0.0)
+        return (t + lat) * ((n > 1) & (bytes_per_rank > 0))
 
-    def p2p_hop(self, nbytes: np.ndarray, stride: np.ndarray, count: np.ndarray) -> np.ndarray:
-        """Mean time of one point-to-point hop between neighbours of a ring of `count` ranks
-        `stride` apart (the pipeline): hops inside a node use NVLink, the others the level
-        that separates the two ranks."""
-        n0, n1, n2, span = self.fanout([(stride, count)])
+    def p2p_hop(self, nbytes: np.ndarray, g: Group) -> np.ndarray:
+        """Mean time of one point-to-point hop between neighbours of a ring (the pipeline
+        ranks): hops inside a node use the node's links, the others the level that separates
+        the two ranks."""
+        n0, n1, n2 = g.n
+        count = n0 * n1 * n2
         nodes = n1 * n2
-        crossing_node = np.where(nodes > 1, nodes, 0)  # ring boundaries between two nodes
-        crossing_out = np.where(n2 > 1, n2, 0)  # ... of which between two supernodes
+        crossing_node = nodes * (nodes > 1)  # ring boundaries between two nodes
+        crossing_out = n2 * (n2 > 1)  # ... of which between two supernodes
         crossing_super = crossing_node - crossing_out
         inside = count - crossing_node
-        t_out = nbytes / (self.bandwidth[2] * self.decay(span)) + self.latency[2]
-        t_super = nbytes / self.bandwidth[1] + self.latency[1]
-        t_node = nbytes / self.bandwidth[0] + self.latency[0]
-        mean = (inside * t_node + crossing_super * t_super + crossing_out * t_out) / np.maximum(count, 1.0)
-        return np.where(count > 1, mean, 0.0)
-
-    def host_copy(self, nbytes, bandwidth_gb_per_s: float, efficiency: float):
-        return nbytes / (bandwidth_gb_per_s * efficiency * GB)
+        t_out = nbytes / g.bandwidth[2] + self.latency[2]
+        t_super = nbytes / g.bandwidth[1] + self.latency[1]
+        t_node = nbytes / g.bandwidth[0] + self.latency[0]
+        mean = (inside * t_node + crossing_super * t_super + crossing_out * t_out) / count
+        return mean * (count > 1)

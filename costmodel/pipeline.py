@@ -1,15 +1,20 @@
 """Pipeline-level cost model: MoFa eqs. 9-12 (interleaved 1F1B) and eq. 23 (PP overlap).
 
-Layer split. `even`: every one of the pp*vp virtual stages holds l = L/(pp*vp) layers.
-`embedding_loss` (Megatron --account-for-embedding/loss-in-pipeline-split; the Llama 3 layout
-of 126 layers on 16 stages): the embedding and the loss count as one layer each, so
-l = (L+2)/(pp*vp) and the first and last virtual stages hold l-1 transformer layers.
+Layer split. A configuration gives the transformer layers of the first and the last pipeline
+rank; the other ranks share the rest evenly, each over vp virtual stages. Three layouts:
+  * even: L/pp layers per rank, L/(pp*vp) per virtual stage;
+  * embedding_loss (Megatron --account-for-embedding/loss-in-pipeline-split; the Llama 3 layout
+    of 126 layers on 16 stages): the embedding and the loss count as a layer each, so every
+    virtual stage holds l = (L+2)/(pp*vp) and the first and last one l-1 transformer layers;
+  * uneven (Megatron --decoder-first/last-pipeline-num-layers): middle ranks hold the smallest
+    multiple of vp >= L/pp, the first and last rank the rest (the first the smaller share,
+    since it keeps the most activations in flight), each a multiple of vp.
 Rank r holds virtual stages r, r+pp, ..., r+(vp-1)*pp.
 
 Three rank classes bound everything that differs between ranks: the first (embedding, most
 activations in flight), the second (the busiest middle rank) and the last (output head and
 loss). Middle ranks are assumed alike (exact unless an MoE model's leading dense layers
-spill past the first virtual stage, which no shipped model does).
+spill past the first two virtual stages, which no shipped model does).
 
 Pipeline time. With R_r the forward+backward time of one micro-batch on rank r (all its
 virtual stages) and m micro-batches, the interleaved 1F1B schedule takes
@@ -35,7 +40,62 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.arrays import argmax3, blend, divides, floor_div
 from costmodel.configs import ConfigBatch
+
+SPLIT_MODES = ("even", "embedding_loss", "uneven")
+
+
+def split_layers(num_layers: int, pp, vp, mode: str):
+    """(first, last) transformer layers on the first and last rank for a layout; 0 where the
+    layout does not apply to (pp, vp)."""
+    L = num_layers
+    pp, vp = np.asarray(pp), np.asarray(vp)
+    stages = pp * vp
+    zero = np.zeros_like(pp)
+    if mode == "even":
+        ok = divides(stages, L) | ((pp == 1) & (vp == 1))
+        per_rank = np.where(pp == 1, L, floor_div(L, np.maximum(pp, 1)))
+        return np.where(ok, per_rank, zero), np.where(ok, per_rank, zero)
+    if mode == "embedding_loss":
+        per_stage = floor_div(L + 2, stages)  # the first virtual stage may hold only the embedding
+        count = vp * per_stage - 1
+        ok = (pp > 1) & divides(stages, L + 2) & (count >= 1)
+        return np.where(ok, count, zero), np.where(ok, count, zero)
+    if mode == "uneven":
+        mid = np.ceil(L / np.maximum(pp, 1))  # ceil(L / pp) ...
+        mid = np.ceil(mid / vp) * vp  # ... rounded up to a multiple of vp
+        rest = np.where(pp > 2, L - (pp - 2) * mid, L)
+        first = floor_div(rest, 2 * vp) * vp
+        last = rest - first
+        ok = (pp > 1) & (first >= vp) & (last >= vp) & divides(vp, last)
+        return np.where(ok, first, zero), np.where(ok, last, zero)
+    raise ValueError(f"unknown layer split {mode!r}")
+
+
+def split_ok(num_layers: int, cfg: ConfigBatch) -> np.ndarray:
+    """Megatron accepts the layout: even or uneven ranks with multiples of vp per rank, or the
+    embedding/loss-accounted layout."""
+    L, p, v, F, La = num_layers, cfg.pp, cfg.vp, cfg.first_layers, cfg.last_layers
+    single = (p == 1) & (F == L) & (La == L)
+    ef, el = split_layers(L, p, v, "embedding_loss")
+    emb = (ef > 0) & (F == ef) & (La == el)
+    rest = L - F - La
+    middle_ok = np.where(p == 2, rest == 0, (rest > 0) & divides(np.maximum((p - 2) * v, 1), rest))
+    general = (p > 1) & (F >= v) & (La >= v) & divides(v, F) & divides(v, La) & middle_ok
+    return single | emb | general
+
+
+def middle_layers(num_layers: int, cfg: ConfigBatch) -> np.ndarray:
+    return np.where(cfg.pp > 2, floor_div(num_layers - cfg.first_layers - cfg.last_layers, np.maximum(cfg.pp - 2, 1)), cfg.last_layers)
+
+
+def layout_name(num_layers: int, pp: int, vp: int, first: int, last: int) -> str:
+    for mode in SPLIT_MODES:
+        f, la = split_layers(num_layers, np.array([pp]), np.array([vp]), mode)
+        if f[0] == first and la[0] == last and f[0] > 0:
+            return mode
+    return "uneven"
 
 
 @dataclass(frozen=True)
@@ -52,44 +112,27 @@ class RankLayers:
         return self.dense + self.moe
 
 
-def stage_layers(num_layers: int, cfg: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
-    """(l, delta): layers per virtual stage and how many fewer the first/last stage holds."""
-    stages = cfg.pp * cfg.vp
-    emb = (cfg.split == 1) & (cfg.pp > 1)
-    per_stage = np.where(emb, (num_layers + 2) // stages, num_layers // np.maximum(stages, 1))
-    return per_stage, emb.astype(np.int64)
-
-
-def _dense_on_rank(rank, num_dense: int, l, delta, cfg: ConfigBatch, max_vp: int) -> np.ndarray:
-    """Leading dense layers (MoE models) that fall on pipeline rank `rank`."""
-    if num_dense == 0:
-        return np.zeros_like(l)
-    total = np.zeros_like(l)
-    for j in range(max_vp):
-        k = rank + j * cfg.pp
-        start = np.where(k > 0, k * l - delta, 0)
-        size = l - np.where((k == 0) | (k == cfg.pp * cfg.vp - 1), delta, 0)
-        overlap = np.clip(np.minimum(start + size, num_dense) - start, 0, None)
-        total = total + np.where(j < cfg.vp, overlap, 0)
-    return total
-
-
 def rank_classes(num_layers: int, num_dense: int, cfg: ConfigBatch) -> tuple[RankLayers, RankLayers, RankLayers]:
-    """First, second and last rank (they coincide when pp is 1 or 2)."""
-    l, delta = stage_layers(num_layers, cfg)
-    vp_max = int(cfg.vp.max()) if len(cfg) else 1
-    p = cfg.pp
-    on_rank = cfg.vp * l
-    first_layers = np.where(p == 1, num_layers, on_rank - delta)
-    last_layers = np.where(p == 1, num_layers, on_rank - delta)
-    second_layers = np.where(p == 2, last_layers, on_rank)
-    d_first = _dense_on_rank(0, num_dense, l, delta, cfg, vp_max)
-    d_second = _dense_on_rank(np.ones_like(p), num_dense, l, delta, cfg, vp_max)
-    d_last = _dense_on_rank(p - 1, num_dense, l, delta, cfg, vp_max)
+    """First, second and last rank (they coincide when pp is 1 or 2). The leading dense layers
+    of an MoE model fill the first virtual stage of rank 0, then that of rank 1."""
+    p, v = cfg.pp, cfg.vp
+    first_n = np.where(p == 1, num_layers, cfg.first_layers)
+    last_n = np.where(p == 1, num_layers, cfg.last_layers)
+    second_n = np.where(p <= 2, last_n, middle_layers(num_layers, cfg))
+    if num_dense >= num_layers:  # a dense model
+        return (
+            RankLayers(first_n, 0 * first_n, True, p == 1),
+            RankLayers(second_n, 0 * second_n, False, p <= 2),
+            RankLayers(last_n, 0 * last_n, False, np.ones_like(p, dtype=bool)),
+        )
+    chunk0 = floor_div(first_n, v)
+    d_first = np.minimum(num_dense, chunk0)
     d_first = np.where(p == 1, num_dense, d_first)
-    first = RankLayers(d_first, first_layers - d_first, True, p == 1)
-    second = RankLayers(np.where(p == 1, d_first, d_second), np.where(p == 1, first_layers - d_first, second_layers - d_second), False, p <= 2)
-    last = RankLayers(np.where(p == 1, d_first, d_last), last_layers - np.where(p == 1, d_first, d_last), False, np.ones_like(p, dtype=bool))
+    d_second = np.where(p == 1, d_first, np.minimum(np.maximum(num_dense - chunk0, 0), floor_div(second_n, v)))
+    d_last = np.where(p == 1, d_first, np.where(p == 2, d_second, 0))
+    first = RankLayers(d_first, first_n - d_first, True, p == 1)
+    second = RankLayers(d_second, second_n - d_second, False, p <= 2)
+    last = RankLayers(d_last, last_n - d_last, False, np.ones_like(p, dtype=bool))
     return first, second, last
 
 
@@ -101,7 +144,7 @@ def in_flight(rank, cfg: ConfigBatch, microbatches) -> np.ndarray:
     (vp = 1): Megatron warms up pp - r - 1, so pp - r are held -- eq. 5 would give
     2pp - 2r - 1 there, which overstates rank 0 by pp - 1 micro-batches. Capped at m*vp."""
     p, v = cfg.pp, cfg.vp
-    count = np.where(v > 1, v * p + p - 2 * rank - 1, p - rank)
+    count = blend(v > 1, v * p + p - 2 * rank - 1, p - rank)
     return np.minimum(count, microbatches * v)
 
 
@@ -111,17 +154,16 @@ class PipelineTime:
     steady: np.ndarray  # m * max_r R_r: the bottleneck rank's own work
     bubble: np.ndarray  # (sum_r R_r - max_r R_r) / vp
     pp_exposed: np.ndarray
-    bottleneck: np.ndarray  # index of the rank class with the most work (0 first, 1 second, 2 last)
+    bottleneck: tuple  # masks of the rank class with the most work (first, second, last)
 
 
 def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, pp_overlap_coef) -> PipelineTime:
     """rank_work: per-micro-batch forward+backward time of the first, second and last rank
     classes; chunk_f/chunk_b: forward/backward time of one virtual-stage chunk (for eq. 23)."""
     p, v = cfg.pp, cfg.vp
-    R = np.stack(rank_work)
-    r_max = R.max(axis=0)
-    middle = np.maximum(p - 2, 0)
-    total_work = np.where(p == 1, R[0], R[0] + R[2] + middle * R[1])
+    r0, r1, r2 = rank_work
+    r_max = np.maximum(np.maximum(r0, r1), r2)
+    total_work = blend(p == 1, r0, r0 + r2 + np.maximum(p - 2, 0) * r1)
     steady = microbatches * r_max
     bubble = (total_work - r_max) / v
 
@@ -129,5 +171,5 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     c = pp_overlap_coef
     steady_hidden = microbatches * v * (np.maximum(0.0, c.beta * hop - c.alpha * chunk_f) + np.maximum(0.0, c.beta * hop - c.alpha * chunk_b))
     with_overlap = 2 * (v * p - 1) * hop + steady_hidden
-    pp = np.where(p == 1, 0.0, np.where(cfg.pp_overlap == 1, with_overlap, no_overlap))
-    return PipelineTime(steady + bubble + pp, steady, bubble, pp, R.argmax(axis=0))
+    pp = (p > 1) * blend(cfg.pp_overlap == 1, with_overlap, no_overlap)
+    return PipelineTime(steady + bubble + pp, steady, bubble, pp, argmax3(r0, r1, r2))

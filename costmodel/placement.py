@@ -14,56 +14,72 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.configs import ConfigBatch
-from costmodel.network import Factors
+from costmodel.network import Factors, Group, Network
 
 
 def _take(factors: Factors, skip, take) -> Factors:
     """The sub-group formed by members `skip`, 2*skip, ... of the (stride, count) space `factors`
     (inner first), keeping `take` of them: skip the innermost `skip` slots, take the next."""
     out: Factors = []
-    skip = np.asarray(skip, dtype=np.int64)
-    take = np.asarray(take, dtype=np.int64)
     for stride, count in factors:
         skipped = np.minimum(count, skip)
-        skip = skip // np.maximum(skipped, 1)
+        skip = skip / skipped
         stride = stride * skipped
-        count = count // np.maximum(skipped, 1)
+        count = count / skipped
         taken = np.minimum(count, take)
-        take = take // np.maximum(taken, 1)
+        take = take / taken
         out.append((stride, taken))
     return out
 
 
 @dataclass(frozen=True)
-class Placement:
-    tp: Factors
-    cp: Factors
-    pp_stride: np.ndarray
-    dp: Factors  # gradient reduction of dense parameters: CP x DP ranks (CP shares weights)
-    ep: Factors
-    etp: Factors
-    edp: Factors  # gradient reduction of expert parameters
-    ep_outer: np.ndarray
+class LayerGroups:
+    """Groups whose collectives run inside a layer."""
+
+    tp: Group
+    cp: Group
+    ep: Group
+    etp: Group
 
 
-def place(order: list[str], cfg: ConfigBatch) -> Placement:
-    t, c, p, d, e, etp = cfg.tp, cfg.cp, cfg.pp, np.maximum(cfg.dp, 1), cfg.ep, cfg.etp
-    ep_outer = np.maximum(1, (e * etp) // (t * c))
-    sizes = {"tp": t, "cp": c, "ep": ep_outer, "pp": p, "dp": np.maximum(1, d // ep_outer)}
+def _layout(order: list[str], cfg: ConfigBatch):
+    f = lambda a: a.astype(float)
+    t, c, p, d, e, etp = f(cfg.tp), f(cfg.cp), f(cfg.pp), np.maximum(f(cfg.dp), 1.0), f(cfg.ep), f(cfg.etp)
+    ep_outer = np.maximum(1.0, np.floor(e * etp / (t * c)))
+    sizes = {"tp": t, "cp": c, "ep": ep_outer, "pp": p, "dp": np.maximum(1.0, np.floor(d / ep_outer))}
     strides = {}
     running = np.ones_like(t)
     for dim in order:
         strides[dim] = running
         running = running * sizes[dim]
     stage = [(strides[dim], sizes[dim]) for dim in order if dim != "pp"]  # one pipeline stage's ranks
-    edp = (t * c * d) // np.maximum(e * etp, 1)
-    return Placement(
-        tp=[(strides["tp"], t)],
-        cp=[(strides["cp"], c)],
-        pp_stride=strides["pp"],
-        dp=_take(stage, t, c * d),  # all stage ranks with the same TP rank
-        ep=_take(stage, etp, e),
-        etp=_take(stage, 1, etp),
-        edp=_take(stage, etp * e, edp),
-        ep_outer=ep_outer,
+    edp = np.maximum(1.0, np.floor(t * c * d / (e * etp)))
+    return t, c, d, e, etp, edp, strides, stage
+
+
+@dataclass(frozen=True)
+class StageGroups:
+    pp: Group
+    dp: Group
+    edp: Group
+
+
+def stage_groups(order: list[str], cfg: ConfigBatch, net: Network) -> StageGroups:
+    """The groups that depend on the pipeline and data-parallel sizes (per configuration)."""
+    t, c, d, e, etp, edp, strides, stage = _layout(order, cfg)
+    return StageGroups(
+        pp=net.group([(strides["pp"], cfg.pp.astype(float))]),
+        dp=net.group(_take(stage, t, c * d)),
+        edp=net.group(_take(stage, etp * e, edp)),
+    )
+
+
+def place(order: list[str], cfg: ConfigBatch, net: Network) -> LayerGroups:
+    """The TP, CP, EP and expert-TP groups of each configuration."""
+    t, c, d, e, etp, edp, strides, stage = _layout(order, cfg)
+    return LayerGroups(
+        tp=net.group([(strides["tp"], t)]),
+        cp=net.group([(strides["cp"], c)]),
+        ep=net.group(_take(stage, etp, e)),
+        etp=net.group(_take(stage, 1.0, etp)),
     )

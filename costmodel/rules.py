@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodel.arrays import divides, floor_div
 from costmodel.configs import ConfigBatch
+from costmodel.pipeline import split_ok
 from costmodel.specs import FEATURES, ConfigSpec, Problem
 
 #: rule name -> (config field it is reported against, message)
@@ -21,7 +23,7 @@ RULES: dict[str, tuple[str, str]] = {
     "tp_kv_heads": ("tp", "num_kv_heads must be a multiple or a divisor of tp"),
     "tp_in_domain": ("tp", "tp must not exceed the GPUs of one node (or supernode, if search.tp_domain says so)"),
     "cp_divides_seq": ("cp", "seq_len must be divisible by 2*cp"),
-    "layers_split": ("pp", "the layers cannot be split evenly over pp*vp stages with this layer_split"),
+    "layers_split": ("pp", "Megatron cannot lay the layers out over pp ranks x vp virtual stages this way"),
     "vp_needs_pp": ("vp", "interleaving (vp>1) needs pp>2, or pp>1 with pp_overlap"),
     "gbs_divisible": ("mbs", "global_batch_size must be divisible by mbs*dp"),
     "microbatches_ge_pp": ("mbs", "the number of micro-batches must be at least pp"),
@@ -40,22 +42,6 @@ RULES: dict[str, tuple[str, str]] = {
 }
 
 
-def divides(a, b):
-    """True where a divides b (a > 0)."""
-    return (a > 0) & (b % np.maximum(a, 1) == 0)
-
-
-def layer_split_ok(num_layers: int, pp, vp, split):
-    """Even split: L % (pp*vp) == 0. 'embedding_loss' (Megatron --account-for-embedding/loss-in-
-    pipeline-split, the Llama 3 126-layer layout): (L+2) % (pp*vp) == 0 with at least one
-    transformer layer left on the first and last virtual stage."""
-    stages = pp * vp
-    even = divides(stages, num_layers)
-    per_stage = (num_layers + 2) // np.maximum(stages, 1)
-    emb = (pp > 1) & divides(stages, num_layers + 2) & (per_stage >= 2)
-    return np.where(split == 0, even | (stages == 1), emb)
-
-
 def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     m, tr, cl = problem.model, problem.training, problem.cluster
     G = cl.num_gpus
@@ -63,20 +49,21 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     dense = m.moe is None
     out: dict[str, np.ndarray] = {}
 
-    out["world_size"] = d == 0
-    out["dp_matches"] = np.zeros(len(cfg), bool)
+    # model-shape rules first: they are the most specific explanation when several fail
     out["tp_divides_heads"] = ~divides(t, m.num_heads)
     kv = m.kv_heads if m.mla is None else m.num_heads
     out["tp_kv_heads"] = ~(divides(t, kv) | divides(kv, t))
+    out["cp_divides_seq"] = (c > 1) & ~divides(2 * c, tr.seq_len)
+    out["world_size"] = d == 0
+    out["dp_matches"] = np.zeros(len(cfg), bool)
     domain = cl.supernode if problem.search.tp_domain == "supernode" else cl.gpus_per_node
     out["tp_in_domain"] = t > domain
-    out["cp_divides_seq"] = (c > 1) & ~divides(2 * c, tr.seq_len)
-    out["layers_split"] = ~layer_split_ok(m.num_layers, p, v, cfg.split)
+    out["layers_split"] = ~split_ok(m.num_layers, cfg)
     out["vp_needs_pp"] = (v > 1) & ~((p > 2) | ((p > 1) & (cfg.pp_overlap == 1)))
 
     dd = np.maximum(d, 1)
     out["gbs_divisible"] = (d == 0) | ~divides(mbs * dd, tr.global_batch_size)
-    micro = tr.global_batch_size // np.maximum(mbs * dd, 1)
+    micro = floor_div(tr.global_batch_size, np.maximum(mbs * dd, 1))
     out["microbatches_ge_pp"] = micro < p
     out["microbatches_interleave"] = (v > 1) & ~divides(p, micro)
 
@@ -146,7 +133,7 @@ def _detail(problem: Problem, spec: ConfigSpec, cfg: ConfigBatch, name: str, mes
         "tp_divides_heads": f"tp={spec.tp} does not divide num_heads={m.num_heads}",
         "cp_divides_seq": f"seq_len={tr.seq_len} is not divisible by 2*cp={2 * spec.cp}",
         "world_size": f"tp*cp*pp={spec.tp * spec.cp * spec.pp} does not divide num_gpus={problem.cluster.num_gpus}",
-        "layers_split": f"{m.num_layers} layers cannot be split over pp*vp={spec.pp * spec.vp} stages",
+        "layers_split": f"{m.num_layers} layers cannot be laid out over pp={spec.pp} x vp={spec.vp} stages as {int(cfg.first_layers[0])} first / {int(cfg.last_layers[0])} last",
         "gbs_divisible": f"global_batch_size={tr.global_batch_size} is not divisible by mbs*dp={spec.mbs * int(cfg.dp[0])}",
     }
     return specifics.get(name, message)

@@ -18,7 +18,7 @@ from costmodel.units import DTYPE_BYTES
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FeatureMode = Literal["allowed", "on", "off"]
 RecomputeMode = Literal["none", "selective", "full"]
-SplitMode = Literal["even", "embedding_loss"]
+SplitMode = Literal["even", "embedding_loss", "uneven"]
 
 
 class Spec(BaseModel):
@@ -374,7 +374,9 @@ class SearchSpec(Spec):
     ep: IntChoices = None
     etp: IntChoices = None
     mbs: IntChoices = Field(default=None, description="default: powers of two up to 8")
-    layer_split: list[SplitMode] = ["even", "embedding_loss"]
+    layer_split: list[SplitMode] = Field(
+        default=["even", "embedding_loss", "uneven"], description="layer layouts the search may use (pipeline.split_layers)"
+    )
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
     objective: Literal["step", "e2e"] = "step"
     max_interval: int = Field(default=100000, gt=0)
@@ -403,6 +405,8 @@ class ConfigSpec(Spec):
     mbs: int = Field(default=1, gt=0)
     dp: int | None = Field(default=None, gt=0, description="derived from the world size; checked if given")
     layer_split: SplitMode | Literal["auto"] = "auto"
+    first_stage_layers: int | None = Field(default=None, gt=0, description="Megatron --decoder-first-pipeline-num-layers")
+    last_stage_layers: int | None = Field(default=None, gt=0, description="Megatron --decoder-last-pipeline-num-layers")
     recompute: RecomputeMode = "none"
     tp_overlap: bool = False
     cp_overlap: bool = False

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.arrays import blend
 from costmodel.units import GB
 
 #: Megatron's default DDP bucket (parameters): --ddp-bucket-size default max(40M, 1M * dp)
@@ -48,41 +49,39 @@ class OptimizerTime:
 def exposed_after_overlap(total, units, window, coef, on):
     """Eq. 24 for one direction (reduce-scatter or all-gather)."""
     first = total / units
-    rest = total - first
-    hidden = first + np.maximum(0.0, coef.alpha * rest - coef.beta * window)
-    return np.where(on, np.minimum(hidden, coef.alpha * total), total)
+    hidden = first + np.maximum(0.0, coef.alpha * (total - first) - coef.beta * window)
+    return blend(on, np.minimum(hidden, coef.alpha * total), total)
 
 
 def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
     return 3 * d_opt + d_opt + 3 * d_opt + d_para
 
 
-def optimizer_time(dense_params, expert_params, cfg, place, net, hw, dtypes, comp, window_b, window_f, units_v) -> OptimizerTime:
+def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool) -> OptimizerTime:
     """DP communication and update of one pipeline rank holding `dense_params` + `expert_params`.
     window_b/window_f: compute that can hide the gradient reduce-scatter / parameter all-gather;
     units_v: virtual stages on the rank (1 means bucket-granular overlap)."""
     d_para, d_grad, d_opt = dtypes
-    dist = cfg.distributed_optimizer == 1
-    rs = net.reduce_scatter(d_grad * dense_params, place.dp) + net.reduce_scatter(d_grad * expert_params, place.edp)
-    gather_bytes = np.where(dist, d_para, d_grad)  # ZeRO-1 gathers weights; all-reduce's 2nd half gathers grads
-    ag = net.all_gather(gather_bytes * dense_params, place.dp) + net.all_gather(gather_bytes * expert_params, place.edp)
+    dist = x.dist
+    gather_bytes = d_grad + dist * (d_para - d_grad)  # ZeRO-1 gathers weights; all-reduce's 2nd half gathers grads
+    rs = net.reduce_scatter(d_grad * dense_params, groups.dp)
+    ag = net.all_gather(gather_bytes * dense_params, groups.dp)
+    if moe:
+        rs = rs + net.reduce_scatter(d_grad * expert_params, groups.edp)
+        ag = ag + net.all_gather(gather_bytes * expert_params, groups.edp)
     params = dense_params + expert_params
-    units = np.where(units_v > 1, units_v, np.maximum(1.0, np.ceil(params / BUCKET_PARAMS)))
-    on = cfg.dp_overlap == 1
+    units = blend(x.interleaved, units_v, np.maximum(1.0, np.ceil(params / BUCKET_PARAMS)))
+    on = x.dp_overlap
     coef = hw.efficiency.dp_overlap
     # distributed optimizer: the reduce-scatter trails the backward, the parameter all-gather
     # leads the next forward; without it the whole all-reduce trails the backward
-    exposed = np.where(
-        dist,
-        exposed_after_overlap(rs, units, window_b, coef, on) + exposed_after_overlap(ag, units, window_f, coef, on),
-        exposed_after_overlap(rs + ag, units, window_b, coef, on),
-    )
+    trailing = rs + ag * (1.0 - dist)  # follows the backward
+    leading = ag * dist  # the distributed optimizer's parameter all-gather leads the next forward
+    exposed = exposed_after_overlap(trailing, units, window_b, coef, on) + exposed_after_overlap(leading, units, window_f, coef, on)
 
-    dp_size = cfg.cp * np.maximum(cfg.dp, 1)
-    edp = (cfg.tp * dp_size) // np.maximum(cfg.ep * cfg.etp, 1)
-    local = np.where(dist, dense_params / dp_size + expert_params / np.maximum(edp, 1), params)
+    local = blend(dist, dense_params / x.dp_cp + expert_params / x.edp, params)
     gpu_update = comp.memory_time(adam_bytes_per_param(d_para, d_opt) * local, ADAM_KERNELS)
     eff = hw.efficiency.host_link_efficiency
     cpu_update = local / hw.cpu_optimizer_params_per_s + d_grad * local / (hw.d2h_gb_per_s * eff * GB) + d_para * local / (hw.h2d_gb_per_s * eff * GB)
-    update = np.where(cfg.cpu_optimizer == 1, cpu_update, gpu_update)
+    update = blend(x.cpu, cpu_update, gpu_update)
     return OptimizerTime(exposed, update, rs + ag)

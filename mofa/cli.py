@@ -138,8 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from costmodel.arrays import tune_allocator
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    tune_allocator()
     try:
         return args.func(args)
     except ProblemError as exc:

@@ -1,0 +1,94 @@
+"""Throughput of the vectorized exact model, and latency of one `mofa evaluate`.
+
+    python bench/bench_evaluate.py [--configs 1000000] [--chunk 65536]
+
+Scores random configurations (every feature toggled at random, parallel degrees drawn from
+their admissible sets) of shipped problems on one core and prints configurations per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from costmodel.arrays import tune_allocator  # noqa: E402
+from costmodel.configs import ConfigBatch  # noqa: E402
+from costmodel.evaluate import evaluate  # noqa: E402
+from costmodel.loader import load_problem  # noqa: E402
+from costmodel.pipeline import split_layers  # noqa: E402
+from costmodel.specs import FEATURES  # noqa: E402
+
+PROBLEMS = [
+    "problems/mofa/table5_llama3_405b_64gpu.yaml",
+    "problems/mofa/table5_deepseek_v3_128gpu.yaml",
+]
+
+
+def random_batch(problem, n: int, rng) -> ConfigBatch:
+    G = problem.cluster.num_gpus
+    pick = lambda values: rng.choice(np.array(values), n)
+    cols = dict(
+        tp=pick([1, 2, 4, 8]),
+        cp=pick([1, 2]),
+        pp=pick([1, 2, 4, 8]),
+        vp=pick([1, 2]),
+        mbs=pick([1, 2, 4]),
+        recompute=pick([0, 1, 2]),
+        ep=pick([1, 2, 4, 8, 16, 32]) if problem.model.moe else 1,
+    )
+    cols["etp"] = np.ones(n, dtype=np.int64)
+    first, last = split_layers(problem.model.num_layers, cols["pp"], cols["vp"], "uneven")
+    ef, el = split_layers(problem.model.num_layers, cols["pp"], cols["vp"], "even")
+    cols["first_layers"] = np.where(ef > 0, ef, np.maximum(first, 1))
+    cols["last_layers"] = np.where(el > 0, el, np.maximum(last, 1))
+    for name in FEATURES:
+        cols[name] = pick([0, 1])
+    cols["interval"] = pick([0, 10])
+    return ConfigBatch.from_columns(G, **cols)
+
+
+def throughput(path: str, n: int, chunk: int, rng) -> float:
+    problem = load_problem(os.path.join(ROOT, path))
+    batches = [random_batch(problem, min(chunk, n - i), rng) for i in range(0, n, chunk)]
+    evaluate(problem, batches[0])  # warm up
+    start = time.perf_counter()
+    for b in batches:
+        evaluate(problem, b)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", type=int, default=1_000_000)
+    parser.add_argument("--chunk", type=int, default=65536)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    tuned = tune_allocator()
+    print(f"allocator tuned for large temporaries: {tuned}")
+    print(f"exact model, one core, batches of {args.chunk:,}")
+    for path in PROBLEMS:
+        rate = throughput(path, args.configs, args.chunk, rng)
+        print(f"  {os.path.basename(path):45s} {rate:>12,.0f} configurations/s")
+    cmd = [sys.executable, "-m", "mofa", "evaluate", os.path.join(ROOT, PROBLEMS[0]), "--json"]
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        times.append(time.perf_counter() - start)
+    print(f"one `mofa evaluate` (process start included): median {sorted(times)[2]:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

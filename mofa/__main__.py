@@ -1,0 +1,5 @@
+import sys
+
+from mofa.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""The activation ledger against Korthikanti et al. 2022 (arXiv 2205.05198, section 4) and
+MemFine (Table 2, eq. 2)."""
+
+import numpy as np
+import pytest
+
+from costmodel import architecture as arch
+from costmodel.presets import MODELS
+from costmodel.specs import TrainingSpec
+
+
+def shard(t=1, c=1, e=1, etp=1, b=1, seq=2048):
+    f = lambda x: np.array([float(x)])
+    return arch.Shard(t=f(t), c=f(c), e=f(e), etp=f(etp), b=f(b), seq=seq)
+
+
+GPT = MODELS["gpt3-175b"]  # MHA, GeLU MLP of 4h, dropout, layernorm: Korthikanti's transformer
+UNFUSED = TrainingSpec(global_batch_size=8, seq_len=2048, attention_kernel="unfused")
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+@pytest.mark.parametrize("b", [1, 4])
+def test_korthikanti_per_layer_bytes(t, b):
+    """Eq. 2 of section 4.1: 34sbh + 5as^2b bytes per layer; with tensor and sequence
+    parallelism (section 4.2.2) everything divides by t: (34sbh + 5as^2b)/t."""
+    s, h, a = 2048, GPT.hidden_size, GPT.num_heads
+    work = arch.dense_layer(GPT, UNFUSED, shard(t=t, b=b), D=2)
+    expected = (34 * s * b * h + 5 * a * s * s * b) / t
+    assert float(work.saved_bytes[0]) == expected
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_korthikanti_selective_recompute(t):
+    """Section 5: selective recompute of the attention core leaves 34sbh/t."""
+    s, b, h = 2048, 2, GPT.hidden_size
+    work = arch.dense_layer(GPT, UNFUSED, shard(t=t, b=b), D=2)
+    assert float(work.saved_without_core_attention()[0]) == 34 * s * b * h / t
+
+
+def test_full_recompute_keeps_the_layer_input():
+    """Section 5: full recompute stores 2sbh per layer (sequence-parallel: /t)."""
+    s, b, h = 2048, 1, GPT.hidden_size
+    work = arch.dense_layer(GPT, UNFUSED, shard(t=8, b=b), D=2)
+    assert float(work.input_bytes[0]) == 2 * s * b * h / 8
+
+
+def test_flash_attention_stores_no_score_matrix():
+    flash = TrainingSpec(global_batch_size=8, seq_len=2048, attention_kernel="flash")
+    s, b, h, a = 2048, 1, GPT.hidden_size, GPT.num_heads
+    work = arch.dense_layer(GPT, flash, shard(t=1, b=b), D=2)
+    lse = 4 * s * b * a  # fp32 log-sum-exp per query and head
+    assert float(work.saved_bytes[0]) == 34 * s * b * h + lse
+
+
+@pytest.mark.parametrize("t,c", [(1, 1), (2, 1), (1, 2)])
+def test_memfine_moe_layer(t, c):
+    """MemFine eq. 2 for one MoE layer (b=1): (1/tc) D b [s(5h + a h_d + 2 k_a h_d + e_n)
+    + s'(2h + 2 g_e)], with s' the routed token copies. Our ledger also keeps the SwiGLU output
+    that the expert FC2 saves as its input (D s' g_e / (tc)) and flash attention's fp32
+    log-sum-exp; nothing else differs."""
+    m = MODELS["mixtral-8x7b"]  # GQA, SwiGLU experts, no shared expert, a*h_d = h
+    s, b, D = 4096, 1, 2
+    flash = TrainingSpec(global_batch_size=8, seq_len=s)
+    work = arch.moe_layer(m, flash, shard(t=t, c=c, e=1, etp=1, b=b, seq=s), D)
+    h, a, hd, kv, E, g = m.hidden_size, m.num_heads, m.dim_per_head, m.kv_heads, m.moe.num_experts, m.moe.expert_ffn_hidden_size
+    s_prime = s * m.moe.top_k  # balanced routing: every token copy lands on one expert rank
+    memfine = D * b * (s * (5 * h + a * hd + 2 * kv * hd + E) + s_prime * (2 * h + 2 * g)) / (t * c)
+    extra = D * b * s_prime * g / (t * c) + 4 * b * s * a / (t * c)
+    assert float(work.saved_bytes[0]) == pytest.approx(memfine + extra, rel=1e-12)
+
+
+def test_routing_imbalance_scales_expert_activations():
+    m = MODELS["mixtral-8x7b"]
+    balanced = arch.moe_layer(m, TrainingSpec(global_batch_size=8, seq_len=4096), shard(seq=4096), 2)
+    skewed = arch.moe_layer(m, TrainingSpec(global_batch_size=8, seq_len=4096, moe_routing_imbalance=3.0), shard(seq=4096), 2)
+    expert_keys = ("expert_input", "expert_fc1_out", "expert_act_out", "expert_output")
+    for k in expert_keys:
+        assert float(skewed.saved[k][0]) == pytest.approx(3 * float(balanced.saved[k][0]))
+    assert float(skewed.saved["q"][0]) == float(balanced.saved["q"][0])

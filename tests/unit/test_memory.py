@@ -1,0 +1,89 @@
+"""Memory ledger against MoFa Table 7 and basic invariants."""
+
+import numpy as np
+import pytest
+
+from conftest import PROBLEMS
+from costmodel.configs import ConfigBatch
+from costmodel.evaluate import evaluate
+from costmodel.loader import load_problem
+from costmodel.units import GB
+
+BASE = str(PROBLEMS / "mofa" / "table5_llama3_405b_64gpu.yaml")
+
+
+def peak_gb(gpus, overrides, **config):
+    problem = load_problem(BASE, [f"cluster.num_gpus={gpus}", "config=null", *overrides])
+    batch = ConfigBatch.from_columns(gpus, tp=8, tp_overlap=1, activation_offload=1, **config)
+    return float(evaluate(problem, batch).memory_bytes["peak"][0]) / GB
+
+
+# MoFa Table 7 (LLaMA3-405B on device B, GBS 16, seq 8192, TP 8, d = 1). The rows do not print
+# the micro-batch size or vp; we use MoFa's v = 8 (Table 9) where the 126 layers admit it, mbs 2
+# for row 1 (Table 6 row 1, same configuration) and mbs 1 where GBS 16 leaves no more.
+# The CPU-optimizer rows keep bf16 gradients (Megatron's CPU offload runs in the precision-aware
+# optimizer); the distributed-optimizer row keeps Megatron's default fp32 gradient buffer.
+# MoFa's numbers are outputs of MoFa's own model, which charges eq. 4's 4*D_opt for the
+# optimizer; `optimizer_memory: mofa_eq4` uses that equation as printed.
+TABLE7 = [
+    ("t8 p8 CPU optimizer", 64, 34.46, ["training.dtypes.grads=bf16"], dict(pp=8, vp=8, mbs=2, first_layers=15, last_layers=15, pp_overlap=1, cpu_optimizer=1)),
+    ("t8 p16 CPU optimizer", 128, 21.71, ["training.dtypes.grads=bf16"], dict(pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, pp_overlap=1, cpu_optimizer=1)),
+    ("t8 p32 distributed optimizer", 256, 43.50, ["training.dtypes.grads=fp32"], dict(pp=32, vp=1, mbs=1, first_layers=3, last_layers=3, distributed_optimizer=1)),
+]
+
+
+@pytest.mark.parametrize("name,gpus,expected,overrides,config", TABLE7, ids=[r[0] for r in TABLE7])
+def test_mofa_table7_within_10pct(name, gpus, expected, overrides, config):
+    got = peak_gb(gpus, overrides + ["training.optimizer_memory=mofa_eq4"], **config)
+    assert got == pytest.approx(expected, rel=0.10), f"{name}: {got:.2f} GB vs {expected} GB"
+
+
+def test_megatron_accounting_differs_from_eq4_by_one_optimizer_copy():
+    """Megatron keeps 3*D_opt of optimizer state (master, two moments) and, with fp32
+    gradients, no extra fp32 copy: eq. 4's fourth D_opt copy is the whole difference."""
+    name, gpus, _, overrides, config = TABLE7[2]
+    eq4 = peak_gb(gpus, overrides + ["training.optimizer_memory=mofa_eq4"], **config)
+    megatron = peak_gb(gpus, overrides, **config)
+    problem = load_problem(BASE, [f"cluster.num_gpus={gpus}", "config=null", *overrides])
+    ledger = evaluate(problem, ConfigBatch.from_columns(gpus, tp=8, tp_overlap=1, activation_offload=1, **config)).memory_bytes
+    params_on_rank = float(ledger["params"][0]) / 2  # bf16 weights
+    assert params_on_rank == pytest.approx(4 * 3.1877e9 / 8, rel=1e-3)  # 4 layers, TP 8
+    assert eq4 - megatron == pytest.approx(4 * params_on_rank / GB, rel=1e-9)
+
+
+def test_cpu_optimizer_and_distributed_optimizer_shrink_memory():
+    problem = load_problem(BASE, ["cluster.num_gpus=512", "config=null"])
+    common = dict(tp=8, pp=8, vp=8, mbs=1, first_layers=15, last_layers=15, activation_offload=1)
+    plain, dist, cpu = (
+        ConfigBatch.from_columns(512, **common),
+        ConfigBatch.from_columns(512, distributed_optimizer=1, **common),
+        ConfigBatch.from_columns(512, cpu_optimizer=1, **common),
+    )
+    p0, p1, p2 = (float(evaluate(problem, b).memory_bytes["optimizer"][0]) for b in (plain, dist, cpu))
+    assert p1 == pytest.approx(p0 / 8)  # eq. 25: states divided over d = 8
+    assert p2 == 0.0  # eq. 27: host memory holds them all
+
+
+def test_recompute_and_offload_reduce_activations():
+    problem = load_problem(BASE, ["cluster.num_gpus=64", "config=null"])
+    common = dict(tp=8, pp=8, vp=8, mbs=1, first_layers=15, last_layers=15)
+    acts = {}
+    for name, extra in {"none": {}, "selective": dict(recompute=1), "full": dict(recompute=2), "offload": dict(activation_offload=1)}.items():
+        b = ConfigBatch.from_columns(64, **common, **extra)
+        acts[name] = float(evaluate(problem, b).memory_bytes["activations"][0])
+    assert acts["full"] < acts["selective"] <= acts["none"]
+    assert acts["offload"] < acts["none"]
+
+
+def test_batch_and_single_evaluation_agree():
+    """One implementation: scoring a config alone or inside a batch gives identical numbers."""
+    problem = load_problem(BASE, ["cluster.num_gpus=64", "config=null"])
+    batch = ConfigBatch.from_columns(
+        64, tp=[8, 4, 8], pp=[8, 16, 8], vp=[8, 4, 1], mbs=[2, 1, 1], first_layers=[15, 7, 15], last_layers=[15, 7, 15],
+        tp_overlap=[1, 0, 1], pp_overlap=[1, 1, 0], cpu_optimizer=1, activation_offload=[1, 1, 0],
+    )
+    together = evaluate(problem, batch)
+    for i in range(len(batch)):
+        alone = evaluate(problem, batch.take([i]))
+        assert float(alone.step_time_s[0]) == float(together.step_time_s[i])
+        assert float(alone.memory_bytes["peak"][0]) == float(together.memory_bytes["peak"][i])
