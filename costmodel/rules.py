@@ -36,6 +36,7 @@ RULES: dict[str, tuple[str, str]] = {
     "ep_overlap_needs_ep": ("ep_overlap", "ep_overlap needs ep>1, vp>1 when pp>1, and no full recompute"),
     "pp_overlap_needs_vp": ("pp_overlap", "pp_overlap needs pp>1 and vp>1 (Megatron forces it off without VPP)"),
     "dp_overlap_needs_dp": ("dp_overlap", "dp_overlap needs a data-parallel group (dp*cp>1)"),
+    "distributed_optimizer_needs_dp": ("distributed_optimizer", "the distributed optimizer shards over dp*cp ranks; with dp*cp=1 it changes nothing"),
     "offload_excludes_recompute": ("activation_offload", "activation offload cannot be combined with recompute"),
     "feature_forced": ("features", "the configuration contradicts a feature the problem forces on or off"),
     "recompute_allowed": ("recompute", "the problem does not allow this recompute mode"),
@@ -84,6 +85,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     out["ep_overlap_needs_ep"] = (cfg.ep_overlap == 1) & ((e == 1) | ((p > 1) & (v == 1)) | (cfg.recompute == 2))
     out["pp_overlap_needs_vp"] = (cfg.pp_overlap == 1) & ((p == 1) | (v == 1))
     out["dp_overlap_needs_dp"] = (cfg.dp_overlap == 1) & (dd * c == 1)
+    out["distributed_optimizer_needs_dp"] = (cfg.distributed_optimizer == 1) & (dd * c == 1)
     out["offload_excludes_recompute"] = (cfg.activation_offload == 1) & (cfg.recompute != 0)
 
     forced = np.zeros(len(cfg), bool)

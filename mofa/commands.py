@@ -1,7 +1,150 @@
-"""Sub-commands that live outside cli.py (search, calibration). Registered in build_parser."""
+"""Sub-commands beyond evaluate/ettr: search (solve, compare) and calibration."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import sys
+import tempfile
+
+from costmodel.loader import ProblemError
+
+EXIT_INFEASIBLE = 1
+
 
 def register(sub) -> None:
-    """Add the search and calibration sub-commands to the parser."""
+    p = sub.add_parser("solve", help="find the best configurations of a problem")
+    p.add_argument("problem")
+    p.add_argument("--method", choices=("cpsat", "dfs", "exhaustive"), default="cpsat")
+    p.add_argument("--objective", choices=("step", "e2e"), help="default: the problem's search.objective")
+    p.add_argument("--top", type=int, default=1, metavar="K")
+    p.add_argument("--time-limit", type=float, metavar="S")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any field (search.tp=[4,8])")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", metavar="DIR", help="write result.json, best.yaml and launch configs here")
+    p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("compare", help="run cpsat, DFS and exhaustive on problems and compare them")
+    p.add_argument("problems", nargs="+")
+    p.add_argument("--objective", choices=("step", "e2e"))
+    p.add_argument("--dfs-time-limit", type=float, default=600.0, metavar="S", help="stop the DFS after this long (default 600)")
+    p.add_argument("--max-exhaustive", type=float, default=2e7, metavar="N", help="skip exhaustive above this many configurations")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+
+def _load(path: str, overrides: list[str] | None = None):
+    from costmodel.loader import load_problem
+
+    problem = load_problem(path, overrides)
+    if problem.config is not None:
+        problem = problem.model_copy(update={"config": None})
+    return problem
+
+
+def _finite(obj):
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write via a temporary file in the same directory and rename: readers never see a
+    partial file, and an existing file is only replaced once the new one is complete."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_solve(args) -> int:
+    from mofa.report import render_solve
+    from optimizer.result import ObjectiveError
+    from optimizer.search import solve
+
+    if args.top < 1:
+        print("mofa solve: --top must be at least 1", file=sys.stderr)
+        return 2
+    if args.time_limit is not None and args.time_limit <= 0:
+        print("mofa solve: --time-limit must be positive", file=sys.stderr)
+        return 2
+    problem = _load(args.problem, args.set)
+    try:
+        result = solve(problem, args.method, args.objective, args.top, args.time_limit)
+    except ObjectiveError as exc:
+        raise ProblemError(args.problem, "search.objective", str(exc)) from None
+    out = _finite(result.as_dict(problem))
+    from mofa.cli import _with_interval
+
+    for entry in out["top"]:
+        _with_interval(problem, entry)
+    if args.out:
+        _write_outputs(problem, out, args.out)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_solve(problem, out))
+    return EXIT_INFEASIBLE if out["status"] == "infeasible" else 0
+
+
+def _write_outputs(problem, out: dict, directory: str) -> None:
+    import yaml
+
+    from mofa.export import ExportError, bridge_overrides, megatron_args
+
+    os.makedirs(directory, exist_ok=True)
+    write_atomically(os.path.join(directory, "result.json"), json.dumps(out, indent=2) + "\n")
+    best = out.get("best")
+    if not best:
+        return
+    config = best["config"]
+    keep = {k: v for k, v in config.items() if k not in ("dp",)}
+    write_atomically(os.path.join(directory, "best.yaml"), yaml.safe_dump({"config": keep}, sort_keys=False))
+    try:
+        env, flags = megatron_args(problem, config)
+        lines = ["#!/usr/bin/env bash", "# Megatron-LM launch flags chosen by `mofa solve`", *[f"export {k}={v}" for k, v in env.items()], "MEGATRON_ARGS=("]
+        lines += [f"  {flag}" for flag in flags] + [")", 'echo "${MEGATRON_ARGS[@]}"', ""]
+        write_atomically(os.path.join(directory, "megatron_args.sh"), "\n".join(lines))
+        write_atomically(os.path.join(directory, "bridge_overrides.txt"), "\n".join(bridge_overrides(problem, config)) + "\n")
+    except ExportError as exc:
+        write_atomically(os.path.join(directory, "export_error.txt"), str(exc) + "\n")
+
+
+def cmd_compare(args) -> int:
+    from mofa.report import render_compare
+    from optimizer.search import solve
+    from optimizer.space import SearchSpace
+
+    rows = []
+    for path in args.problems:
+        problem = _load(path)
+        objective = args.objective or problem.search.objective
+        entry = {"problem": path}
+        for method in ("cpsat", "dfs", "exhaustive"):
+            if method == "exhaustive" and SearchSpace.from_problem(problem).size > args.max_exhaustive:
+                entry[method] = None
+                continue
+            limit = args.dfs_time_limit if method == "dfs" else None
+            r = solve(problem, method, objective, 1, limit)
+            entry[method] = {"status": r.status, "objective": r.best_value, "solve_time_s": r.solve_time_s, "evaluated": r.evaluated,
+                             "config": r.as_dict(problem)["best"]["config"] if r.best_value is not None else None}
+        done = [entry[m]["objective"] for m in ("cpsat", "dfs", "exhaustive") if entry.get(m) and entry[m]["status"] in ("optimal", "infeasible")]
+        entry["agree"] = all((a is None and b is None) or (a is not None and b is not None and abs(a - b) <= 1e-9 * max(abs(a), abs(b))) for a, b in zip(done, done[1:]))
+        rows.append(entry)
+    rows = _finite(rows)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(render_compare(rows))
+    return 0

@@ -101,3 +101,45 @@ def render_evaluation(problem_name: str, result: dict, memory_capacity_gb: float
             f"(save {result['checkpoint_save_s']:.2f} s); end-to-end {duration(result['e2e_time_s'])}"
         )
     return "\n".join(out)
+
+
+def render_solve(problem, out: dict) -> str:
+    name = problem.name
+    head = f"{name}: {out['method']} minimising {out['objective_name']} time -> {out['status']}"
+    if out["status"] == "optimal":
+        head += " (certified by the exact model)"
+    elif out["gap"] is not None:
+        head += f" (gap {100 * out['gap']:.2f}% to the proven bound)"
+    lines = [head, f"solved in {out['solve_time_s']:.2f} s, {out['evaluated']:,} exact evaluations, space of {out['space_size'] or 0:,} configurations", ""]
+    if out["status"] == "infeasible" or not out["top"]:
+        lines.append("no admissible configuration: " + (out.get("explanation") or "the time limit ran out before one was found"))
+        return "\n".join(lines)
+    headers = ["#", "tp", "cp", "pp", "vp", "dp", "ep", "mbs", "features", "mem GB", "TFLOP/s", "T_step", "compute", "TP", "CP", "EP", "PP", "bubble", "DP", "update", "ETTR %", "interval", "E2E days"]
+    rows = []
+    for rank, r in enumerate(out["top"], 1):
+        c, b = r["config"], r["breakdown_s"]
+        e2e = r.get("e2e_time_s")
+        rows.append([rank, c["tp"], c["cp"], c["pp"], c["vp"], c["dp"], c["ep"], c["mbs"], features_label(c), r["memory_gb"]["peak"], r["tflops_per_gpu"],
+                     r["step_time_s"], b["compute"] + b["recompute"], b["tp"], b["cp"], b["ep"], b["pp"], b["bubble"], b["dp"], b["update"],
+                     100 * r["ettr"] if r.get("ettr") is not None else "-", r.get("checkpoint_interval") or "-", e2e / 86400 if e2e else "-"])
+    lines.append(table(headers, rows, "r" * 8 + "l" + "r" * 14))
+    best = out["top"][0]
+    lines += ["", "best: " + config_label(best["config"]) + f"; features {features_label(best['config'])}"]
+    if "step_time_interval_s" in best:
+        lo, hi = best["step_time_interval_s"]
+        lines.append(f"step time {best['step_time_s']:.2f} s (calibrated interval {lo:.2f} - {hi:.2f} s)")
+    return "\n".join(lines)
+
+
+def render_compare(rows: list[dict]) -> str:
+    headers = ["problem", "method", "status", "objective", "seconds", "evaluated"]
+    body = []
+    for entry in rows:
+        for method in ("cpsat", "dfs", "exhaustive"):
+            r = entry.get(method)
+            if r is None:
+                body.append([entry["problem"], method, "skipped (space too large)", "-", "-", "-"])
+            else:
+                body.append([entry["problem"], method, r["status"], r["objective"] if r["objective"] is not None else "-", r["solve_time_s"], r["evaluated"]])
+        body.append([entry["problem"], "agree", "yes" if entry["agree"] else "NO", "", "", ""])
+    return table(headers, body, "llllrr")

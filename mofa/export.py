@@ -1,0 +1,155 @@
+"""Launch configurations for a chosen configuration: Megatron-LM flags and Megatron-Bridge
+overrides (flag names and rules from ../shared/reference/frameworks.md). A configuration that
+breaks a rule the framework enforces is never exported: `ExportError` says which rule."""
+
+from __future__ import annotations
+
+from costmodel.configs import ConfigBatch, RECOMPUTE_CODES
+from costmodel.pipeline import layout_name
+from costmodel.rules import RULES, violations
+from costmodel.specs import Problem
+
+
+class ExportError(ValueError):
+    pass
+
+
+def _check(problem: Problem, config: dict) -> None:
+    cols = {k: config[k] for k in ("tp", "cp", "pp", "vp", "ep", "etp", "mbs")}
+    cols["first_layers"] = config["first_stage_layers"]
+    cols["last_layers"] = config["last_stage_layers"]
+    cols["recompute"] = RECOMPUTE_CODES[config["recompute"]]
+    for name in ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "distributed_optimizer", "cpu_optimizer", "activation_offload"):
+        cols[name] = int(config[name])
+    cfg = ConfigBatch.from_columns(problem.cluster.num_gpus, **cols)
+    broken = [RULES[rule][1] for rule, bad in violations(problem, cfg).items() if bad[0] and rule not in ("feature_forced", "recompute_allowed")]
+    if broken:
+        raise ExportError(f"refusing to export a configuration Megatron would reject: {broken[0]}")
+
+
+def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[str]]:
+    """(environment, Megatron-LM command-line flags)."""
+    _check(problem, config)
+    m, tr = problem.model, problem.training
+    c = config
+    args = [
+        f"--tensor-model-parallel-size {c['tp']}",
+        f"--pipeline-model-parallel-size {c['pp']}",
+        f"--context-parallel-size {c['cp']}",
+        f"--micro-batch-size {c['mbs']}",
+        f"--global-batch-size {tr.global_batch_size}",
+        f"--seq-length {tr.seq_len}",
+        f"--max-position-embeddings {tr.seq_len}",
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--ffn-hidden-size {m.ffn_hidden_size}",
+        f"--num-attention-heads {m.num_heads}",
+    ]
+    if m.activation == "swiglu":
+        args.append("--swiglu")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.mla is not None:
+        args += ["--multi-latent-attention", f"--kv-lora-rank {m.mla.kv_lora_rank}", f"--qk-head-dim {m.mla.qk_nope_head_dim}",
+                 f"--qk-pos-emb-head-dim {m.mla.qk_rope_head_dim}", f"--v-head-dim {m.mla.v_head_dim}"]
+        if m.mla.q_lora_rank:
+            args.append(f"--q-lora-rank {m.mla.q_lora_rank}")
+    elif m.num_kv_heads and m.num_kv_heads != m.num_heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
+    if m.moe is not None:
+        args += [f"--num-experts {m.moe.num_experts}", f"--moe-router-topk {m.moe.top_k}", f"--moe-ffn-hidden-size {m.moe.expert_ffn_hidden_size}",
+                 f"--expert-model-parallel-size {c['ep']}", f"--expert-tensor-parallel-size {c['etp']}",
+                 "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+        if m.moe.num_shared_experts:
+            args.append(f"--moe-shared-expert-intermediate-size {m.moe.num_shared_experts * m.moe.shared_ffn}")
+        if m.moe.first_dense_layers:
+            pattern = "[" + ",".join(["0"] * m.moe.first_dense_layers + ["1"] * m.num_moe_layers) + "]"
+            args.append(f"--moe-layer-freq {pattern}")
+    if c["tp"] > 1:
+        args.append("--sequence-parallel")
+    if c["vp"] > 1:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {c['vp']}")
+        if not c["pp_overlap"]:
+            args.append("--no-overlap-p2p-communication")
+    layout = layout_name(m.num_layers, c["pp"], c["vp"], c["first_stage_layers"], c["last_stage_layers"])
+    if c["pp"] > 1 and layout == "embedding_loss":
+        args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    elif c["pp"] > 1 and layout == "uneven":
+        args += [f"--decoder-first-pipeline-num-layers {c['first_stage_layers']}", f"--decoder-last-pipeline-num-layers {c['last_stage_layers']}"]
+    if c["cp"] > 1:
+        args.append("--cp-comm-type p2p")
+    if c["distributed_optimizer"]:
+        args.append("--use-distributed-optimizer")
+    if c["dp_overlap"]:
+        args.append("--overlap-grad-reduce")
+        if c["distributed_optimizer"]:
+            args.append("--overlap-param-gather")
+    if c["tp_overlap"]:
+        args.append("--tp-comm-overlap")
+    if c["ep_overlap"]:
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if c["recompute"] == "selective":
+        args += ["--recompute-granularity selective", "--recompute-modules core_attn"]
+    elif c["recompute"] == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if c["activation_offload"]:
+        args += ["--fine-grained-activation-offloading",
+                 "--offload-modules attn_norm qkv_linear core_attn attn_proj mlp_norm" + (" expert_fc1 moe_act" if m.moe else "")]
+    dt = tr.dtypes
+    if c["cpu_optimizer"] or dt.grads != "fp32":
+        args.append("--use-precision-aware-optimizer")
+    if dt.grads != "fp32":
+        args.append(f"--main-grads-dtype {dt.grads}")
+    if c["cpu_optimizer"]:
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0", "--overlap-cpu-optimizer-d2h-h2d"]
+    args.append("--bf16" if dt.params == "bf16" else "--fp16" if dt.params == "fp16" else "")
+    if dt.compute == "fp8":
+        args.append("--fp8-format hybrid")
+    interval = c.get("checkpoint_interval")
+    if isinstance(interval, int):
+        args.append(f"--save-interval {interval}")
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (c["tp"] > 1 or c["cp"] > 1) else {}
+    return env, [a for a in args if a]
+
+
+def bridge_overrides(problem: Problem, config: dict) -> list[str]:
+    """Megatron-Bridge / NeMo 2.0 `key=value` overrides (Megatron-Core field names)."""
+    _check(problem, config)
+    m = problem.model
+    c = config
+    out = [
+        f"model.tensor_model_parallel_size={c['tp']}",
+        f"model.pipeline_model_parallel_size={c['pp']}",
+        f"model.virtual_pipeline_model_parallel_size={c['vp'] if c['vp'] > 1 else 'null'}",
+        f"model.context_parallel_size={c['cp']}",
+        f"model.expert_model_parallel_size={c['ep']}",
+        f"model.expert_tensor_parallel_size={c['etp']}",
+        f"model.sequence_parallel={str(c['tp'] > 1).lower()}",
+        f"train.micro_batch_size={c['mbs']}",
+        f"train.global_batch_size={problem.training.global_batch_size}",
+        f"model.seq_length={problem.training.seq_len}",
+        f"ddp.use_distributed_optimizer={str(c['distributed_optimizer']).lower()}",
+        f"ddp.overlap_grad_reduce={str(c['dp_overlap']).lower()}",
+        f"ddp.overlap_param_gather={str(c['dp_overlap'] and c['distributed_optimizer']).lower()}",
+        f"comm_overlap.tp_comm_overlap={str(c['tp_overlap']).lower()}",
+        f"comm_overlap.overlap_p2p_comm={str(c['pp_overlap']).lower()}",
+        f"comm_overlap.overlap_moe_expert_parallel_comm={str(c['ep_overlap']).lower()}",
+        f"optimizer.optimizer_cpu_offload={str(c['cpu_optimizer']).lower()}",
+        f"optimizer.optimizer_offload_fraction={1.0 if c['cpu_optimizer'] else 0.0}",
+        f"optimizer.use_precision_aware_optimizer={str(c['cpu_optimizer']).lower()}",
+    ]
+    layout = layout_name(m.num_layers, c["pp"], c["vp"], c["first_stage_layers"], c["last_stage_layers"])
+    if c["pp"] > 1 and layout == "embedding_loss":
+        out += ["model.account_for_embedding_in_pipeline_split=true", "model.account_for_loss_in_pipeline_split=true"]
+    if c["pp"] > 1 and layout == "uneven":
+        out += [f"model.num_layers_in_first_pipeline_stage={c['first_stage_layers']}", f"model.num_layers_in_last_pipeline_stage={c['last_stage_layers']}"]
+    if c["recompute"] != "none":
+        out.append(f"model.recompute_granularity={c['recompute']}")
+        if c["recompute"] == "full":
+            out += ["model.recompute_method=uniform", "model.recompute_num_layers=1"]
+    if c["activation_offload"]:
+        out.append("model.cpu_offloading=true")
+    interval = c.get("checkpoint_interval")
+    if isinstance(interval, int):
+        out.append(f"checkpoint.save_interval={interval}")
+    return out

@@ -1,0 +1,142 @@
+"""MoFa's depth-first search (section 4.1), the baseline the CP-SAT solver is measured against.
+
+The DFS walks the decision variables in a fixed order -- tp, cp, pp, vp, layer split, ep, etp,
+micro-batch, recompute, then the eight feature switches -- and prunes a subtree as soon as a
+rule involving only the variables assigned so far fails. MoFa's four expert rules are
+  1. hardware resources: t*c*p*d within the GPUs (here: equal to them), memory at the leaf;
+  2. g_bs divisible by m_bs * d;
+  3. at least p micro-batches;
+  4. TP inside a node;
+and the Megatron rules (costmodel.rules) are checked at the depth where they become checkable;
+at a leaf the full rule set runs again. Every complete configuration (leaf) is scored on its
+own by the exact model, as in the paper: the DFS's cost is its leaves times one evaluation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.configs import ConfigBatch
+from costmodel.evaluate import evaluate
+from costmodel.pipeline import split_layers
+from costmodel.specs import FEATURES, Problem
+from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, objective_values
+from optimizer.space import SearchSpace
+
+
+class _Stop(Exception):
+    pass
+
+
+def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, max_leaves: int | None = None) -> SolveResult:
+    check_objective(problem, objective)
+    clock = Stopwatch()
+    space = SearchSpace.from_problem(problem)
+    m, tr, cl = problem.model, problem.training, problem.cluster
+    G, L, gbs = cl.num_gpus, m.num_layers, tr.global_batch_size
+    domain = cl.supernode if problem.search.tp_domain == "supernode" else cl.gpus_per_node
+    kv = m.kv_heads if m.mla is None else m.num_heads
+    interval = space.interval()
+    pp_overlap_possible = 1 in space.flags["pp_overlap"]
+    best = TopK(top_k)
+    count = {"leaves": 0, "nodes": 0}
+
+    def leaf(row: dict) -> None:
+        cfg = ConfigBatch.from_columns(G, **row, interval=interval)
+        if not space.feature_ok(cfg)[0]:
+            return
+        count["leaves"] += 1
+        best.offer(objective_values(evaluate(problem, cfg), objective), cfg)
+        if (time_limit_s is not None and clock.elapsed > time_limit_s) or (max_leaves and count["leaves"] >= max_leaves):
+            raise _Stop
+
+    feature_levels = [("recompute", space.recompute)] + [(name, space.flags[name]) for name in FEATURES]
+
+    def features(depth: int, row: dict) -> None:
+        count["nodes"] += 1
+        if depth == len(feature_levels):
+            leaf(row)
+            return
+        name, values = feature_levels[depth]
+        for value in values:
+            row[name] = value
+            if _feature_prefix_ok(row, name):
+                features(depth + 1, row)
+        del row[name]
+
+    try:
+        for t in space.tp:  # rule 4 and the TP rules
+            count["nodes"] += 1
+            if t > domain or m.num_heads % t or (kv % t and t % kv) or G % t:
+                continue
+            for c in space.cp:
+                count["nodes"] += 1
+                if (c > 1 and tr.seq_len % (2 * c)) or G % (t * c):
+                    continue
+                for p in space.pp:  # rule 1: the world must factor
+                    count["nodes"] += 1
+                    if G % (t * c * p):
+                        continue
+                    d = G // (t * c * p)
+                    for v in space.vp:
+                        count["nodes"] += 1
+                        if v > 1 and not (p > 2 or (p > 1 and pp_overlap_possible)):
+                            continue
+                        splits = []
+                        for mode in space.split_modes:
+                            first, last = (int(x[0]) for x in split_layers(L, np.array([float(p)]), np.array([float(v)]), mode))
+                            if first > 0 and (first, last) not in splits:
+                                splits.append((first, last))
+                        for first, last in splits:
+                            for e in space.ep:
+                                count["nodes"] += 1
+                                if m.moe and (m.moe.num_experts % e or G % (e * p)):
+                                    continue
+                                for etp in sorted(set(space.etp or (1, t))) if m.moe else (1,):
+                                    count["nodes"] += 1
+                                    if m.moe and ((t * c * d) % (e * etp) or G % (etp * e * p)):
+                                        continue
+                                    for mbs in space.mbs:  # rules 2 and 3
+                                        count["nodes"] += 1
+                                        if gbs % (mbs * d):
+                                            continue
+                                        micro = gbs // (mbs * d)
+                                        if micro < p or (v > 1 and micro % p):
+                                            continue
+                                        row = dict(tp=t, cp=c, pp=p, vp=v, ep=e, etp=etp, mbs=mbs, first_layers=first, last_layers=last)
+                                        features(0, row)
+        complete = True
+    except _Stop:
+        complete = False
+
+    status = ("optimal" if complete else "feasible") if best.configs is not None else ("infeasible" if complete else "unknown")
+    return SolveResult(
+        method="dfs",
+        objective=objective,
+        status=status,
+        top_values=best.values,
+        top_configs=best.configs,
+        solve_time_s=clock.elapsed,
+        evaluated=count["leaves"],
+        space_size=space.size,
+        stats={"nodes": count["nodes"], "leaves": count["leaves"]},
+    )
+
+
+def _feature_prefix_ok(row: dict, assigned: str) -> bool:
+    """Feature rules that become checkable once `assigned` is set (costmodel.rules checks all
+    of them again at the leaf)."""
+    if assigned == "recompute" or row[assigned] == 0:
+        return True
+    t, c, e, v, p = row["tp"], row["cp"], row["ep"], row["vp"], row["pp"]
+    if assigned == "tp_overlap":
+        return t > 1
+    if assigned == "cp_overlap":
+        return c > 1
+    if assigned == "ep_overlap":
+        return e > 1 and (p == 1 or v > 1) and row["recompute"] != 2
+    if assigned == "pp_overlap":
+        return p > 1 and v > 1
+    if assigned == "activation_offload":
+        return row["recompute"] == 0
+    return True

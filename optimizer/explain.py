@@ -1,0 +1,101 @@
+"""Why a problem has no admissible configuration.
+
+Two ways to fail:
+  * no skeleton survives the Megatron rules: report, per rule, how many candidate layouts it
+    rejects, and the rule that rejects every one of them if there is one;
+  * skeletons exist but none fits: report the configuration with the least peak memory (over
+    every memory-relevant feature: recompute, offload, distributed and CPU optimizer) and its
+    ledger, or, if GPU memory fits somewhere, the host-memory shortfall.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from costmodel.configs import ConfigBatch
+from costmodel.evaluate import evaluate
+from costmodel.rules import RULES, violations
+from costmodel.specs import Problem
+from costmodel.units import GB
+from optimizer.space import SKELETON_FIELDS, SKELETON_RULES, SearchSpace
+
+MEMORY_FEATURES = ("recompute", "activation_offload", "distributed_optimizer", "cpu_optimizer")
+
+
+def explain_infeasible(problem: Problem, space: SearchSpace | None = None) -> str:
+    space = space or SearchSpace.from_problem(problem)
+    if len(space.skeletons) == 0:
+        return _no_layout(problem, space)
+    return _nothing_fits(problem, space)
+
+
+def _no_layout(problem: Problem, space: SearchSpace) -> str:
+    m, G = problem.model, problem.cluster.num_gpus
+    etps = sorted(set(space.etp or (1, *space.tp))) if m.moe else [1]
+    grid = np.array(list(itertools.product(space.tp, space.cp, space.pp, space.vp, space.ep, etps, space.mbs)), dtype=float)
+    if grid.size == 0:
+        return "the search section admits no value for some parallel degree"
+    t, c, p, v, e, etp, mbs = grid.T
+    from costmodel.pipeline import split_layers
+
+    first, last = split_layers(m.num_layers, p, v, "uneven")
+    ef, el = split_layers(m.num_layers, p, v, "even")
+    cfg = ConfigBatch.from_columns(G, tp=t, cp=c, pp=p, vp=v, ep=e, etp=etp, mbs=mbs,
+                                   first_layers=np.where(ef > 0, ef, np.maximum(first, 1)),
+                                   last_layers=np.where(el > 0, el, np.maximum(last, 1)),
+                                   pp_overlap=1 if 1 in space.flags["pp_overlap"] else 0)
+    bad = violations(problem, cfg)
+    counts = {rule: int(bad[rule].sum()) for rule in SKELETON_RULES}
+    everything = [rule for rule, n in counts.items() if n == len(cfg)]
+    ranked = [(r, n) for r, n in sorted(counts.items(), key=lambda kv: -kv[1]) if n and r not in everything[:1]][:3]
+    detail = "; ".join(f"{RULES[r][1]} ({n} of {len(cfg)})" for r, n in ranked)
+    if everything:
+        rule = everything[0]
+        also = f" (other rules that reject layouts: {detail})" if detail else ""
+        return f"no parallel layout is admissible: for all {len(cfg)} candidate layouts, {RULES[rule][1]}{also}"
+    return f"no parallel layout satisfies all rules at once; the most restrictive: {detail}"
+
+
+def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
+    sk = space.skeletons
+    G = problem.cluster.num_gpus
+    options = [space.recompute, space.flags["activation_offload"], space.flags["distributed_optimizer"], space.flags["cpu_optimizer"]]
+    combos = np.array([c for c in itertools.product(*options) if not (c[1] == 1 and c[0] != 0)], dtype=float)
+    n_sk, n_c = len(sk), len(combos)
+    cols = {name: np.repeat(getattr(sk, name), n_c) for name in SKELETON_FIELDS}
+    for j, name in enumerate(MEMORY_FEATURES):
+        cols[name] = np.tile(combos[:, j], n_sk)
+    cfg = ConfigBatch.from_columns(G, **cols)
+    cfg = cfg.take(np.flatnonzero(space.feature_ok(cfg)))
+    if not len(cfg):
+        return "every combination of the allowed features breaks a feature rule (for example offload with recompute, or a forced feature that needs a larger parallel degree)"
+    ev = evaluate(problem, cfg)
+    cap = problem.hardware.memory_gb
+    peak = ev.memory_bytes["peak"] / GB
+    if (peak <= cap).any():
+        host = ev.host_bytes / GB
+        i = int(np.argmin(np.where(peak <= cap, host, np.inf)))
+        share = problem.hardware.host_memory_gb_per_node / problem.cluster.gpus_per_node
+        return (
+            f"GPU memory fits, but host memory does not: the least host memory any fitting configuration needs is "
+            f"{host[i]:.1f} GB per GPU ({_label(cfg.row(i))}) against {share:.1f} GB per GPU"
+        )
+    i = int(np.argmin(peak))
+    ledger = {k: float(v[i]) / GB for k, v in ev.memory_bytes.items()}
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in ledger.items() if k != "peak" and v >= 0.05)
+    rank = ("first", "middle", "last")[int(ev.worst_rank[i])]
+    return (
+        f"no configuration fits in {cap:g} GB: the least is {peak[i]:.1f} GB at {_label(cfg.row(i))} "
+        f"(worst rank: {rank}; {parts} GB); memory per GPU is the binding constraint"
+    )
+
+
+def _label(c: dict) -> str:
+    parts = [f"{k}={c[k]}" for k in ("tp", "cp", "pp", "vp", "ep", "dp", "mbs")]
+    parts.append(f"recompute {c['recompute']}")
+    for name, short in (("activation_offload", "offload"), ("distributed_optimizer", "distributed optimizer"), ("cpu_optimizer", "CPU optimizer")):
+        if c[name]:
+            parts.append(short)
+    return ", ".join(parts)

@@ -1,0 +1,127 @@
+"""Objectives, top-K bookkeeping and the result every search method returns."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.configs import ConfigBatch
+from costmodel.evaluate import Evaluation, evaluate
+from costmodel.specs import Problem
+from optimizer.space import FEATURE_FIELDS, SKELETON_FIELDS
+
+OBJECTIVES = ("step", "e2e")
+ORDER_FIELDS = SKELETON_FIELDS + FEATURE_FIELDS + ("interval",)
+
+
+class ObjectiveError(ValueError):
+    pass
+
+
+def check_objective(problem: Problem, objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ObjectiveError(f"unknown objective '{objective}' (step or e2e)")
+    if objective == "e2e" and (problem.fault_tolerance is None or problem.training.total_steps is None):
+        raise ObjectiveError("objective e2e needs a fault_tolerance section and training.steps or training.tokens")
+
+
+def objective_values(ev: Evaluation, objective: str) -> np.ndarray:
+    """The value a search minimises: step time (eq. 42) or end-to-end time (eq. 43, with the
+    checkpoint interval of eq. 44); infinite where the configuration does not fit in memory."""
+    value = ev.step_time_s if objective == "step" else ev.e2e_time_s
+    return np.where(ev.fits & ev.host_fits, value, np.inf)
+
+
+class TopK:
+    """The K best configurations seen so far. Ties in the objective are broken by the
+    configuration's fields in canonical order, so every method and every run agree."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.values = np.zeros(0)
+        self.configs: ConfigBatch | None = None
+
+    @property
+    def threshold(self) -> float:
+        """The K-th best value (infinity until K configurations are known)."""
+        return float(self.values[-1]) if len(self.values) >= self.k else np.inf
+
+    def offer(self, values: np.ndarray, cfg: ConfigBatch) -> None:
+        keep = np.isfinite(values) & (values <= self.threshold)
+        if not keep.any():
+            return
+        values, cfg = values[keep], cfg.take(np.flatnonzero(keep))
+        if self.configs is not None:
+            values = np.concatenate([self.values, values])
+            cfg = ConfigBatch.concat([self.configs, cfg])
+        keys = [getattr(cfg, name) for name in reversed(ORDER_FIELDS)] + [values]
+        order = np.lexsort(keys)
+        # drop exact duplicates (the same configuration offered twice)
+        rows = np.stack([getattr(cfg, n) for n in ORDER_FIELDS], axis=1)[order]
+        fresh = np.ones(len(order), bool)
+        fresh[1:] = np.any(rows[1:] != rows[:-1], axis=1)
+        order = order[fresh][: self.k]
+        self.values = values[order]
+        self.configs = cfg.take(order)
+
+
+@dataclass
+class SolveResult:
+    method: str
+    objective: str
+    status: str  # optimal | feasible | infeasible
+    top_values: np.ndarray
+    top_configs: ConfigBatch | None
+    solve_time_s: float
+    evaluated: int  # exact-model evaluations
+    lower_bound: float | None = None  # proven bound on the objective (cpsat)
+    space_size: int | None = None
+    explanation: str | None = None
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def best_value(self) -> float | None:
+        return float(self.top_values[0]) if len(self.top_values) else None
+
+    @property
+    def gap(self) -> float | None:
+        if self.best_value is None:
+            return None
+        if self.status == "optimal":
+            return 0.0
+        if self.lower_bound is None or not np.isfinite(self.lower_bound):
+            return None
+        return max(0.0, (self.best_value - self.lower_bound) / self.best_value)
+
+    def as_dict(self, problem: Problem) -> dict:
+        top = []
+        if self.top_configs is not None and len(self.top_configs):
+            ev = evaluate(problem, self.top_configs)
+            for i in range(len(self.top_configs)):
+                top.append(ev.as_dict(i, self.top_configs))
+        return {
+            "method": self.method,
+            "objective_name": self.objective,
+            "status": self.status,
+            "objective": self.best_value,
+            "gap": self.gap,
+            "lower_bound": self.lower_bound,
+            "best": top[0] if top else None,
+            "top": top,
+            "solve_time_s": self.solve_time_s,
+            "evaluated": self.evaluated,
+            "space_size": self.space_size,
+            "explanation": self.explanation,
+            "stats": self.stats,
+        }
+
+
+class Stopwatch:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
