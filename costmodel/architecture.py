@@ -10,8 +10,9 @@ Every quantity is a numpy array over a batch of configurations (tp, cp, ep, etp,
 
 Conventions
   * Tokens: a micro-batch holds b*s tokens; context parallelism gives each rank T = b*s/cp;
-    sequence parallelism (always on when tp > 1, as Megatron requires for MoE and recommends
-    otherwise) shards the residual stream, so norms and residual adds see T/tp tokens.
+    sequence parallelism (on by default; Megatron requires it for MoE with TP) shards the
+    residual stream, so norms and residual adds see T/tp tokens. Without it they see all T,
+    and the TP all-gather/reduce-scatter pairs become all-reduces of the same volume.
   * Attention FLOPs: the *model* count uses the full s x s score matrix (PaLM Appendix B, the
     convention of MFU); the *hardware* work of a causal flash-attention kernel is the lower
     triangle, a fraction (s+1)/(2s) of it. Unfused attention computes the full matrix.
@@ -42,6 +43,7 @@ class Shard:
     etp: np.ndarray  # expert tensor parallel
     b: np.ndarray  # micro-batch size
     seq: int
+    sp: bool = True  # sequence parallelism: the residual stream is sharded over TP
 
     @property
     def tokens(self) -> np.ndarray:
@@ -50,8 +52,9 @@ class Shard:
 
     @property
     def tokens_sp(self) -> np.ndarray:
-        """Tokens of the sequence-parallel residual stream on one GPU."""
-        return self.tokens / self.t
+        """Tokens of the residual stream on one GPU: sharded over TP with sequence
+        parallelism, replicated without it (Korthikanti et al.'s sbh(10 + 24/t) case)."""
+        return self.tokens / self.t if self.sp else self.tokens
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     eff = hw.efficiency
     d_act = DTYPE_BYTES[tr.dtypes.activations]
-    shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len)
+    shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len, sp=tr.sequence_parallel)
     dense = arch.dense_layer(m, tr, shard, d_act)
     moe = arch.moe_layer(m, tr, shard, d_act) if m.moe is not None else None
     edge = arch.edges(m, tr, shard, d_act)

@@ -18,22 +18,24 @@ from costmodel.architecture import active_matmul_params, attention_dims
 from costmodel.specs import ModelSpec
 
 
-def attention_flops_per_token(m: ModelSpec, seq_len: int) -> float:
-    """Forward FLOPs of QK^T and AV for one token in one layer (full score matrix)."""
+def attention_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
+    """Forward FLOPs of QK^T and AV for one token in one layer: the full score matrix (PaLM's
+    convention) or, with `causal`, the lower triangle a causal kernel computes."""
     a, _, dqk, dv = attention_dims(m)
-    return 2.0 * seq_len * a * (dqk + dv)
+    share = (seq_len + 1) / (2 * seq_len) if causal else 1.0
+    return 2.0 * seq_len * a * (dqk + dv) * share
 
 
-def layer_forward_flops_per_token(m: ModelSpec, seq_len: int, moe: bool) -> float:
+def layer_forward_flops_per_token(m: ModelSpec, seq_len: int, moe: bool, causal: bool = False) -> float:
     if moe and m.moe is None:
         return 0.0  # a dense model has no MoE layer
-    return 2.0 * active_matmul_params(m, moe) + attention_flops_per_token(m, seq_len)
+    return 2.0 * active_matmul_params(m, moe) + attention_flops_per_token(m, seq_len, causal)
 
 
-def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+def model_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
     fwd = (
-        m.num_dense_layers * layer_forward_flops_per_token(m, seq_len, False)
-        + m.num_moe_layers * layer_forward_flops_per_token(m, seq_len, True)
+        m.num_dense_layers * layer_forward_flops_per_token(m, seq_len, False, causal)
+        + m.num_moe_layers * layer_forward_flops_per_token(m, seq_len, True, causal)
         + 2.0 * m.hidden_size * m.vocab_size
     )
     return 3.0 * fwd

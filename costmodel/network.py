@@ -59,12 +59,18 @@ class Network:
         points = sorted(cluster.bandwidth_decay, key=lambda p: p.gpus)
         self._decay_x = np.log2([p.gpus for p in points]) if points else None
         self._decay_y = np.array([p.beta for p in points]) if points else None
+        # without a cluster table, the hardware profile's calibrated power law
+        self._decay_exponent = 0.0 if points else hw.efficiency.scale_decay_exponent
+        self._decay_reference = float(hw.efficiency.scale_decay_reference_gpus)
         self.num_gpus = float(cluster.num_gpus)
 
     def decay(self, span: np.ndarray) -> np.ndarray:
-        """beta of eq. 3 for a collective spanning `span` GPUs (1 if the cluster gives none)."""
+        """beta of eq. 3 for a collective spanning `span` GPUs: the cluster's table, else the
+        profile's power law (1 below its reference size, and 1 if it has none)."""
         if self._decay_x is None:
-            return np.ones_like(span, dtype=float)
+            if self._decay_exponent == 0.0:
+                return np.ones_like(span, dtype=float)
+            return np.minimum(1.0, (np.maximum(span, 1.0) / self._decay_reference) ** -self._decay_exponent)
         return np.interp(np.log2(np.maximum(span, 1)), self._decay_x, self._decay_y)
 
     def group(self, factors: Factors) -> Group:
@@ -83,7 +89,7 @@ class Network:
         k_node = members(self.blocks[0])
         k_super = k_node if self.blocks[1] == self.blocks[0] else np.maximum(members(self.blocks[1]), k_node)
         span = np.minimum(span, self.num_gpus)
-        outer = self.bandwidth[2] if self._decay_x is None else self.bandwidth[2] * self.decay(span)
+        outer = self.bandwidth[2] if (self._decay_x is None and self._decay_exponent == 0.0) else self.bandwidth[2] * self.decay(span)
         bw = (self.bandwidth[0], self.bandwidth[1], outer)
         levels = (k_node, k_super / k_node, n / k_super)
         per_byte, latency, share = 0.0, 0.0, 1.0

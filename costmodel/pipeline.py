@@ -30,8 +30,9 @@ sequence parallelism, as Megatron sends it):
     drain each add pp-1 hops on the critical path: (2*m*vp + 2*(pp-1)) * tau. For vp = 1 this
     is MoFa's steady-state count (4*m*v - 2*m + 2*p - 2) * T^PP.
   * with overlap (eq. 23) the hops of the steady state hide behind the neighbouring chunk:
-    max(0, beta*tau - alpha*l*T^FWD) (and T^BWD), while the warm-up and cool-down chains keep
-    vp*pp - 1 exposed hops each (MoFa eqs. 9 and 11 count exactly these).
+    each adds max(beta*tau - chunk, (alpha-1)*min(chunk, beta*tau)) (beta slowing the hop,
+    alpha the chunk it overlaps), while the warm-up and cool-down chains keep vp*pp - 1
+    exposed hops each (MoFa eqs. 9 and 11 count exactly these).
 """
 
 from __future__ import annotations
@@ -169,7 +170,12 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
 
     no_overlap = (2 * microbatches * v + 2 * (p - 1)) * hop
     c = pp_overlap_coef
-    steady_hidden = microbatches * v * (np.maximum(0.0, c.beta * hop - c.alpha * chunk_f) + np.maximum(0.0, c.beta * hop - c.alpha * chunk_b))
+
+    def exposed(chunk):  # eq. 23 per hop: what the overlapped region adds beyond the chunk
+        comm = c.beta * hop
+        return np.maximum(comm - chunk, (c.alpha - 1.0) * np.minimum(chunk, comm))
+
+    steady_hidden = microbatches * v * (exposed(chunk_f) + exposed(chunk_b))
     with_overlap = 2 * (v * p - 1) * hop + steady_hidden
     pp = (p > 1) * blend(cfg.pp_overlap == 1, with_overlap, no_overlap)
     return PipelineTime(steady + bubble + pp, steady, bubble, pp, argmax3(r0, r1, r2))

@@ -31,6 +31,7 @@ RULES: dict[str, tuple[str, str]] = {
     "ep_divides_experts": ("ep", "ep must divide num_experts (and be 1 for a dense model)"),
     "expert_grid": ("ep", "etp*ep*pp must divide the GPUs and ep*etp must tile the tp*cp*dp ranks of a stage"),
     "etp_valid": ("etp", "etp must be 1 for a dense model and must not exceed the GPUs of one node"),
+    "moe_needs_sequence_parallel": ("tp", "Megatron requires sequence parallelism for MoE with tp>1"),
     "tp_overlap_needs_tp": ("tp_overlap", "tp_overlap needs tp>1 (with sequence parallelism)"),
     "cp_overlap_needs_cp": ("cp_overlap", "cp_overlap needs cp>1"),
     "ep_overlap_needs_ep": ("ep_overlap", "ep_overlap needs ep>1, vp>1 when pp>1, and no full recompute"),
@@ -79,6 +80,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
         tiles = np.where(expert_block <= t * c, divides(expert_block, t * c), divides(expert_block, ranks_per_stage) & divides(t * c, expert_block))
         out["expert_grid"] = ~(divides(etp * e * p, G) & tiles)
         out["etp_valid"] = etp > cl.gpus_per_node
+    out["moe_needs_sequence_parallel"] = (t > 1) & (not dense) & (not tr.sequence_parallel)
 
     out["tp_overlap_needs_tp"] = (cfg.tp_overlap == 1) & (t == 1)
     out["cp_overlap_needs_cp"] = (cfg.cp_overlap == 1) & (c == 1)

@@ -117,7 +117,9 @@ class Curve(Spec):
 
 class OverlapCoefficients(Spec):
     """Time-increase coefficients under overlap (MoFa eqs. 20-24, 34-35): a computation
-    overlapped with communication runs alpha times slower, the communication beta times slower."""
+    overlapped with communication runs alpha times slower, the communication beta times slower.
+    (MoFa's eqs. 23-24 name the communication's coefficient alpha; here alpha is always the
+    computation's, beta the communication's.)"""
 
     alpha: float = Field(default=1.0, ge=1)
     beta: float = Field(default=1.0, ge=1)
@@ -157,6 +159,10 @@ class EfficiencyProfile(Spec):
         "cluster": 0.8,
     }
     host_link_efficiency: float = Field(default=0.8, gt=0, le=1)
+    #: MoFa eq. 3's beta when the cluster gives no table: scale-out bandwidth of a collective
+    #: spanning S GPUs is multiplied by (S / reference)^-exponent beyond the reference size
+    scale_decay_exponent: float = Field(default=0.0, ge=0, le=1)
+    scale_decay_reference_gpus: int = Field(default=512, gt=0)
     tp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
     cp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.05, beta=1.05)
     ep_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
@@ -258,6 +264,7 @@ class TrainingSpec(Spec):
     tokens: float | None = Field(default=None, gt=0, description="dataset tokens; steps = ceil(tokens/(GBS*seq))")
     dtypes: DtypeSpec = DtypeSpec()
     attention_kernel: Literal["flash", "unfused"] = "flash"
+    sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
     optimizer_memory: Literal["megatron", "mofa_eq4"] = Field(
         default="megatron",
         description="megatron: 3*D_opt states + a D_opt gradient copy at the step; mofa_eq4: 4*D_opt held throughout",

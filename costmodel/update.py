@@ -8,8 +8,11 @@ reduce-scatter of the gradients and an all-gather of the updated parameters (ZeR
 
 DP overlap (eq. 24): the gradients of virtual stage i+1 reduce while stage i runs backward;
 the parameters of stage j+1 gather while stage j runs forward. Only the first unit is exposed
-in full; the rest hides behind a window of compute, slowed by the contention coefficients:
-    exposed = first + max(0, alpha * rest - beta * window).
+in full; the rest overlaps a window of compute, both slowed by contention (beta on the
+communication, alpha on the compute it overlaps):
+    exposed = first + max(beta*rest - window, (alpha - 1) * min(window, beta*rest)).
+(Eq. 24 as printed adds max(comm, compute) to the pipeline time that already contains that
+compute; only what the overlapped region adds beyond it is counted here.)
 MoFa's window is p*l*(v-1)*T^BWD (the cool-down). With vp = 1 the unit is Megatron's gradient
 bucket (40M parameters by default) and the window the last micro-batch's backward on the rank.
 
@@ -47,10 +50,15 @@ class OptimizerTime:
 
 
 def exposed_after_overlap(total, units, window, coef, on):
-    """Eq. 24 for one direction (reduce-scatter or all-gather)."""
+    """Eq. 24 for one direction (reduce-scatter or all-gather): the first unit is exposed; the
+    rest overlaps the window of compute, the communication slowed by beta and the compute it
+    overlaps by alpha. The overlapped region lasts max(beta*rest, window + (alpha-1)*overlapped
+    compute); what it adds beyond the window (already counted in the pipeline) is exposed."""
     first = total / units
-    hidden = first + np.maximum(0.0, coef.alpha * (total - first) - coef.beta * window)
-    return blend(on, np.minimum(hidden, coef.alpha * total), total)
+    rest = coef.beta * (total - first)
+    overlapped = np.minimum(window, rest)
+    extra = np.maximum(rest - window, (coef.alpha - 1.0) * overlapped)
+    return blend(on, first + extra, total)
 
 
 def adam_bytes_per_param(d_para: int, d_opt: int) -> int:

@@ -32,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--max-exhaustive", type=float, default=2e7, metavar="N", help="skip exhaustive above this many configurations")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
+    register_calibration(sub)
 
 
 def _load(path: str, overrides: list[str] | None = None):
@@ -148,3 +149,136 @@ def cmd_compare(args) -> int:
     else:
         print(render_compare(rows))
     return 0
+
+
+def register_calibration(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit a hardware profile to measured runs")
+    p.add_argument("data", nargs="+", help="validation point files (problems/validation/*.yaml)")
+    p.add_argument("--hardware", required=True, help="fit the points on this GPU preset")
+    p.add_argument("--knobs", help="comma-separated knobs to fit (default: " + ",".join(__import__("calibration.fit", fromlist=["DEFAULT_KNOBS"]).DEFAULT_KNOBS) + ")")
+    p.add_argument("--no-loo", action="store_true", help="skip leave-one-out cross-validation")
+    p.add_argument("--out", metavar="PROFILE.yaml")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("validate", help="compare predictions with measured runs")
+    p.add_argument("data", nargs="+")
+    p.add_argument("--profile", action="append", default=[], metavar="FILE", help="use this calibrated profile for its GPU")
+    p.add_argument("--max-mape", type=float, metavar="P", help="exit 1 when the MAPE of the fitted points exceeds P percent")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_calibrate(args) -> int:
+    import yaml
+
+    from calibration.data import load_points
+    from calibration.fit import DEFAULT_KNOBS, KNOBS, calibrate
+    from calibration.profile import profile_document
+    from mofa.report import render_calibration
+
+    points = [p for p in load_points(args.data) if p.hardware == args.hardware]
+    if not points:
+        print(f"mofa calibrate: none of the data runs on hardware '{args.hardware}'", file=sys.stderr)
+        return 2
+    knobs = tuple(k.strip() for k in args.knobs.split(",")) if args.knobs else DEFAULT_KNOBS
+    unknown = [k for k in knobs if k not in KNOBS]
+    if unknown:
+        print(f"mofa calibrate: unknown knobs {unknown} (known: {', '.join(KNOBS)})", file=sys.stderr)
+        return 2
+    base = _base_hardware(args.hardware)
+    try:
+        cal = calibrate(points, base, knobs, loo=not args.no_loo)
+    except ValueError as exc:
+        print(f"mofa calibrate: {exc}", file=sys.stderr)
+        return 2
+    command = "mofa calibrate " + " ".join(sorted(os.path.relpath(d) for d in args.data)) + f" --hardware {args.hardware}"
+    doc = profile_document(cal, command)
+    if args.out:
+        header = f"# Calibrated efficiency profile for {args.hardware}, written by:\n#   {command}\n"
+        write_atomically(args.out, header + yaml.safe_dump(doc, sort_keys=False))
+    print(json.dumps(_finite(doc), indent=2) if args.json else render_calibration(doc))
+    return 0
+
+
+def _base_hardware(name: str):
+    """The preset before any calibrated profile: calibration starts from the documented defaults."""
+    from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
+
+    return HARDWARE[name].model_copy(update={"efficiency": DEFAULT_EFFICIENCY[name]})
+
+
+def cmd_validate(args) -> int:
+    from calibration.data import load_points
+    from calibration.fit import predict
+    from calibration.memory_checks import memory_checks
+    from calibration.profile import read_profile, with_profile
+    from calibration.resolve import resolve
+    from mofa.report import render_validation
+
+    profiles = {}
+    for path in args.profile:
+        try:
+            name, efficiency = read_profile(path)
+        except (OSError, ValueError) as exc:
+            print(f"mofa validate: {exc}", file=sys.stderr)
+            return 2
+        profiles[name] = efficiency
+    rows = []
+    for point in load_points(args.data):
+        hw = point.problem.hardware
+        if hw.name in profiles:
+            hw = with_profile(hw, profiles[hw.name])
+        cfg, chosen = resolve(point, hw)
+        pred, fits = predict(point, hw, {point.name: cfg})
+        meas = point.step_time_s()
+        tokens = point.problem.training.global_batch_size * point.problem.training.seq_len
+        from costmodel.flops import model_flops_per_token
+
+        flops = tokens * model_flops_per_token(point.problem.model, point.problem.training.seq_len)
+        G = point.problem.cluster.num_gpus
+        rows.append({
+            "name": point.name,
+            "hardware": hw.name,
+            "fitted": point.measured.fit,
+            "metric": point.measured.metric,
+            "predicted_step_s": pred,
+            "measured_step_s": meas,
+            "error_pct": 100.0 * (pred / meas - 1.0),
+            "predicted_tflops_per_gpu": flops / (pred * G) / 1e12,
+            "measured_tflops_per_gpu": flops / (meas * G) / 1e12,
+            "fits_memory": fits,
+            "resolved": chosen,
+            "source": point.measured.source,
+        })
+    out = _validation_summary(rows, profiles)
+    out["memory_checks"] = memory_checks()
+    print(json.dumps(_finite(out), indent=2) if args.json else render_validation(out))
+    if args.max_mape is not None and out["mape_pct"] is not None and out["mape_pct"] > args.max_mape:
+        print(f"mofa validate: MAPE {out['mape_pct']:.2f}% exceeds --max-mape {args.max_mape}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _validation_summary(rows: list[dict], profiles: dict) -> dict:
+    from costmodel.presets import HARDWARE
+
+    fitted = [r for r in rows if r["fitted"]]
+    per = {}
+    for name in sorted({r["hardware"] for r in rows}):
+        group = [r for r in fitted if r["hardware"] == name]
+        eff = profiles.get(name) or HARDWARE[name].efficiency
+        cal = eff.calibration
+        per[name] = {
+            "points": len(group),
+            "mape_pct": sum(abs(r["error_pct"]) for r in group) / len(group) if group else None,
+            "max_abs_error_pct": max((abs(r["error_pct"]) for r in group), default=None),
+            "loo_mape_pct": cal.loo_mape_pct if cal else None,
+            "profile": "calibrated" if cal else "default",
+        }
+    return {
+        "points": rows,
+        "mape_pct": sum(abs(r["error_pct"]) for r in fitted) / len(fitted) if fitted else None,
+        "max_abs_error_pct": max((abs(r["error_pct"]) for r in fitted), default=None),
+        "per_hardware": per,
+    }

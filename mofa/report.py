@@ -143,3 +143,34 @@ def render_compare(rows: list[dict]) -> str:
                 body.append([entry["problem"], method, r["status"], r["objective"] if r["objective"] is not None else "-", r["solve_time_s"], r["evaluated"]])
         body.append([entry["problem"], "agree", "yes" if entry["agree"] else "NO", "", "", ""])
     return table(headers, body, "llllrr")
+
+
+def render_calibration(doc: dict) -> str:
+    eff = doc["efficiency"]
+    cal = eff["calibration"]
+    lines = [f"{doc['hardware']}: fitted {', '.join(f'{k}={v:.3f}' for k, v in doc['knobs'].items())}", ""]
+    rows = [[r["name"], "yes" if r["fitted"] else "validate", r["measured_step_s"], r["predicted_step_s"], f"{r['error_pct']:+.1f}",
+             "-" if r["loo_error_pct"] is None else f"{r['loo_error_pct']:+.1f}", ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
+            for r in doc["residuals"]]
+    lines.append(table(["point", "fitted", "measured s", "predicted s", "error %", "LOO %", "unknowns resolved"], rows, "llrrrrl"))
+    loo = f"{cal['loo_mape_pct']:.2f}%" if cal.get("loo_mape_pct") is not None else "-"
+    lines += ["", f"{cal['points']} fitted points: MAPE {cal['mape_pct']:.2f}%, worst {cal['max_abs_error_pct']:.1f}%, leave-one-out MAPE {loo}; "
+              f"log-residual sd {cal['log_residual_sd']:.3f} (the prediction interval)"]
+    return "\n".join(lines)
+
+
+def render_validation(out: dict) -> str:
+    rows = [[r["name"], r["hardware"], "yes" if r["fitted"] else "no", r["measured_step_s"], r["predicted_step_s"], f"{r['error_pct']:+.1f}",
+             r["measured_tflops_per_gpu"], r["predicted_tflops_per_gpu"], ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
+            for r in out["points"]]
+    lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas TFLOP/s", "pred TFLOP/s", "unknowns resolved"], rows, "lllrrrrrl"), ""]
+    for name, s in out["per_hardware"].items():
+        if s["points"]:
+            loo = f", leave-one-out MAPE {s['loo_mape_pct']:.2f}%" if s["loo_mape_pct"] is not None else ""
+            lines.append(f"{name} ({s['profile']} profile): MAPE {s['mape_pct']:.2f}% over {s['points']} fitted points, worst {s['max_abs_error_pct']:.1f}%{loo}")
+    if out["mape_pct"] is not None:
+        lines.append(f"all fitted points: MAPE {out['mape_pct']:.2f}%, worst {out['max_abs_error_pct']:.1f}%")
+    if out.get("memory_checks"):
+        lines += ["", table(["memory check", "predicted", "published", "unit", "error %"],
+                            [[m["name"], m["predicted"], m["published"], m["unit"], f"{m['error_pct']:+.1f}"] for m in out["memory_checks"]], "lrrlr")]
+    return "\n".join(lines)

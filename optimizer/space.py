@@ -39,6 +39,7 @@ SKELETON_RULES = (
     "ep_divides_experts",
     "expert_grid",
     "etp_valid",
+    "moe_needs_sequence_parallel",
 )
 FEATURE_RULES = (
     "tp_overlap_needs_tp",

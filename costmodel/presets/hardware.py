@@ -157,3 +157,27 @@ _register(HardwareSpec(
         attention=Curve(peak_fraction=0.5),
     ),
 ))
+
+
+#: the documented defaults, kept for recalibration (calibration starts from these)
+DEFAULT_EFFICIENCY = {name: spec.efficiency for name, spec in HARDWARE.items()}
+
+
+def _load_calibrated_profiles() -> None:
+    """Calibrated efficiency profiles (written by `mofa calibrate`) replace the defaults of the
+    GPUs they were fitted for: evaluate and solve use them unless a problem says otherwise."""
+    from pathlib import Path
+
+    import yaml
+
+    from costmodel.specs import EfficiencyProfile
+
+    for path in sorted((Path(__file__).parent / "profiles").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        name = data["hardware"]
+        if name in HARDWARE:
+            efficiency = EfficiencyProfile.model_validate(data["efficiency"])
+            HARDWARE[name] = HARDWARE[name].model_copy(update={"efficiency": efficiency})
+
+
+_load_calibrated_profiles()

@@ -112,3 +112,42 @@ _register(ModelSpec(
     vocab_size=151936,
     moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536),
 ))
+
+_register(ModelSpec(
+    name="nemotron4-340b",
+    source="Nemotron-4 340B technical report (arXiv 2406.11704) Table 1; calibration.yaml nemotron4_340b.arch",
+    num_layers=96,
+    hidden_size=18432,
+    num_heads=96,
+    num_kv_heads=8,
+    ffn_hidden_size=73728,  # 4h, squared-ReLU MLP (not gated)
+    vocab_size=256000,
+    activation="squared_relu",
+    norm="layernorm",
+))
+
+_register(ModelSpec(
+    name="nemotron4-15b",
+    source="Nemotron-4 15B technical report (arXiv 2402.16819) section 2; calibration.yaml nemotron4_15b",
+    num_layers=32,
+    hidden_size=6144,
+    num_heads=48,
+    num_kv_heads=8,
+    ffn_hidden_size=24576,  # 4h, squared-ReLU MLP
+    vocab_size=256000,
+    activation="squared_relu",
+    norm="layernorm",
+))
+
+_register(ModelSpec(
+    name="bloom-176b",
+    source="BLOOM (arXiv 2211.05100) Table 3; bigscience tr11-176B-ml README; calibration.yaml bloom_176b.arch",
+    num_layers=70,
+    hidden_size=14336,
+    num_heads=112,
+    ffn_hidden_size=4 * 14336,  # GeLU MLP of 4h
+    vocab_size=250680,
+    activation="gelu",
+    norm="layernorm",
+    tied_embeddings=True,
+))

@@ -58,7 +58,7 @@ def test_evaluate_is_deterministic():
     assert mofa("evaluate", path, "--json") == mofa("evaluate", path, "--json")
 
 
-SHIPPED = sorted(p for p in PROBLEMS.rglob("*.yaml"))
+SHIPPED = sorted(p for p in PROBLEMS.rglob("*.yaml") if p.parent.name != "validation")  # validation points: test_calibration
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(PROBLEMS)) for p in SHIPPED])

@@ -77,3 +77,13 @@ def test_routing_imbalance_scales_expert_activations():
     for k in expert_keys:
         assert float(skewed.saved[k][0]) == pytest.approx(3 * float(balanced.saved[k][0]))
     assert float(skewed.saved["q"][0]) == float(balanced.saved["q"][0])
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_korthikanti_tensor_parallel_without_sequence_parallel(t):
+    """Section 4.2.1, eq. 3: with tensor parallelism alone the layer stores
+    sbh(10 + 24/t) + 5as^2b/t bytes: norms, their outputs and dropout masks stay replicated."""
+    s, b, h, a = 2048, 2, GPT.hidden_size, GPT.num_heads
+    no_sp = arch.Shard(t=np.array([float(t)]), c=np.array([1.0]), e=np.array([1.0]), etp=np.array([1.0]), b=np.array([float(b)]), seq=s, sp=False)
+    work = arch.dense_layer(GPT, UNFUSED, no_sp, D=2)
+    assert float(work.saved_bytes[0]) == s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t

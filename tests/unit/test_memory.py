@@ -8,6 +8,7 @@ from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.loader import load_problem
 from costmodel.units import GB
+from calibration.memory_checks import TABLE7 as TABLE7_ROWS, korthikanti_checks, mofa_table7_checks
 
 BASE = str(PROBLEMS / "mofa" / "table5_llama3_405b_64gpu.yaml")
 
@@ -19,23 +20,18 @@ def peak_gb(gpus, overrides, **config):
 
 
 # MoFa Table 7 (LLaMA3-405B on device B, GBS 16, seq 8192, TP 8, d = 1). The rows do not print
-# the micro-batch size or vp; we use MoFa's v = 8 (Table 9) where the 126 layers admit it, mbs 2
-# for row 1 (Table 6 row 1, same configuration) and mbs 1 where GBS 16 leaves no more.
-# The CPU-optimizer rows keep bf16 gradients (Megatron's CPU offload runs in the precision-aware
-# optimizer); the distributed-optimizer row keeps Megatron's default fp32 gradient buffer.
-# MoFa's numbers are outputs of MoFa's own model, which charges eq. 4's 4*D_opt for the
-# optimizer; `optimizer_memory: mofa_eq4` uses that equation as printed.
-TABLE7 = [
-    ("t8 p8 CPU optimizer", 64, 34.46, ["training.dtypes.grads=bf16"], dict(pp=8, vp=8, mbs=2, first_layers=15, last_layers=15, pp_overlap=1, cpu_optimizer=1)),
-    ("t8 p16 CPU optimizer", 128, 21.71, ["training.dtypes.grads=bf16"], dict(pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, pp_overlap=1, cpu_optimizer=1)),
-    ("t8 p32 distributed optimizer", 256, 43.50, ["training.dtypes.grads=fp32"], dict(pp=32, vp=1, mbs=1, first_layers=3, last_layers=3, distributed_optimizer=1)),
-]
+# the micro-batch size or vp; calibration.memory_checks.TABLE7 uses MoFa's v = 8 (Table 9) where
+# the 126 layers admit it, mbs 2 for row 1 (Table 6 row 1, same configuration) and mbs 1 where
+# GBS 16 leaves no more. The CPU-optimizer rows keep bf16 gradients (Megatron's CPU offload runs
+# in the precision-aware optimizer); the distributed-optimizer row keeps Megatron's default fp32
+# gradient buffer. MoFa's numbers are outputs of MoFa's own model, which charges eq. 4's
+# 4*D_opt for the optimizer: `optimizer_memory: mofa_eq4` uses that equation as printed.
+TABLE7 = [(name, gpus, expected, [f"training.dtypes.grads={grads}"], config) for name, gpus, expected, grads, config in TABLE7_ROWS]
 
 
-@pytest.mark.parametrize("name,gpus,expected,overrides,config", TABLE7, ids=[r[0] for r in TABLE7])
-def test_mofa_table7_within_10pct(name, gpus, expected, overrides, config):
-    got = peak_gb(gpus, overrides + ["training.optimizer_memory=mofa_eq4"], **config)
-    assert got == pytest.approx(expected, rel=0.10), f"{name}: {got:.2f} GB vs {expected} GB"
+@pytest.mark.parametrize("check", mofa_table7_checks(), ids=[r[0] for r in TABLE7_ROWS])
+def test_mofa_table7_within_10pct(check):
+    assert check["predicted"] == pytest.approx(check["published"], rel=0.10), check
 
 
 def test_megatron_accounting_differs_from_eq4_by_one_optimizer_copy():
@@ -87,3 +83,8 @@ def test_batch_and_single_evaluation_agree():
         alone = evaluate(problem, batch.take([i]))
         assert float(alone.step_time_s[0]) == float(together.step_time_s[i])
         assert float(alone.memory_bytes["peak"][0]) == float(together.memory_bytes["peak"][i])
+
+
+@pytest.mark.parametrize("check", korthikanti_checks(), ids=lambda c: c["name"])
+def test_korthikanti_checks_in_the_validation_report_are_exact(check):
+    assert check["predicted"] == pytest.approx(check["published"], rel=1e-12)

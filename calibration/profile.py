@@ -1,0 +1,43 @@
+"""Calibrated hardware profiles on disk: what `mofa calibrate` writes and the presets load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from costmodel.specs import EfficiencyProfile, HardwareSpec
+
+PROFILE_DIR = Path(__file__).resolve().parents[1] / "costmodel" / "presets" / "profiles"
+
+
+def profile_document(cal, command: str) -> dict:
+    return {
+        "hardware": cal.hardware.name,
+        "command": command,
+        "knobs": {k: round(v, 6) for k, v in cal.knobs.items()},
+        "efficiency": cal.hardware.efficiency.model_dump(mode="json"),
+        "residuals": [
+            {
+                "name": r.name,
+                "fitted": r.fitted,
+                "measured_step_s": round(r.measured_step_s, 6),
+                "predicted_step_s": round(r.predicted_step_s, 6),
+                "error_pct": round(r.error_pct, 3),
+                "loo_error_pct": None if r.loo_error_pct is None else round(r.loo_error_pct, 3),
+                "resolved": r.resolved,
+            }
+            for r in cal.results
+        ],
+    }
+
+
+def read_profile(path: str | Path) -> tuple[str, EfficiencyProfile]:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or "hardware" not in data or "efficiency" not in data:
+        raise ValueError(f"{path}: not a calibrated profile (needs hardware and efficiency)")
+    return data["hardware"], EfficiencyProfile.model_validate(data["efficiency"])
+
+
+def with_profile(hw: HardwareSpec, efficiency: EfficiencyProfile) -> HardwareSpec:
+    return hw.model_copy(update={"efficiency": efficiency})

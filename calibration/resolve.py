@@ -1,0 +1,65 @@
+"""Resolve the fields a source leaves unstated: the optimizer picks the fastest admissible
+value under everything the source does state (the assumption being that the authors ran a
+well-tuned configuration), with the hardware profile being calibrated."""
+
+from __future__ import annotations
+
+from costmodel.configs import ConfigBatch, RECOMPUTE_CODES
+from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
+from calibration.data import Point
+from optimizer.exhaustive import solve_exhaustive
+
+
+def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch, dict]:
+    """(the configuration to score, the values chosen for the unknown fields)."""
+    problem = point.problem if hardware is None else point.problem.model_copy(update={"hardware": hardware})
+    known: ConfigSpec = problem.config
+    if not point.unknown:
+        return ConfigBatch.from_specs(problem, [known]), {}
+    fixed = ConfigBatch.from_specs(problem, [known])
+    search = {"tp": [known.tp], "cp": [known.cp], "pp": [known.pp], "ep": [known.ep]}
+    if known.etp is not None:
+        search["etp"] = [known.etp]
+    if "vp" not in point.unknown:
+        search["vp"] = [known.vp]
+    if "mbs" not in point.unknown:
+        search["mbs"] = [known.mbs]
+    if known.first_stage_layers is not None or known.last_stage_layers is not None or "vp" not in point.unknown:
+        # a known layout: keep its first/last stage layers
+        first, last = int(fixed.first_layers[0]), int(fixed.last_layers[0])
+        search["layer_split"] = [_layout_of(problem, known, first, last)]
+    elif known.layer_split != "auto":
+        search["layer_split"] = [known.layer_split]
+    features = {}
+    for name in FEATURES:
+        features[name] = "allowed" if name in point.unknown else ("on" if getattr(known, name) else "off")
+    features["recompute"] = ["none", "selective", "full"] if "recompute" in point.unknown else [known.recompute]
+    sub = problem.model_copy(update={
+        "config": None,
+        "search": problem.search.model_copy(update=search),
+        "features": problem.features.model_copy(update=features),
+    })
+    result = solve_exhaustive(sub, "step", 1)
+    note = {}
+    if result.top_configs is None:
+        # the run happened, so it fitted; our memory estimate disagrees. Take the fastest
+        # admissible choice regardless of memory and say so.
+        roomy = sub.hardware.model_copy(update={"memory_gb": 1e9, "host_memory_gb_per_node": 1e12})
+        result = solve_exhaustive(sub.model_copy(update={"hardware": roomy}), "step", 1)
+        note = {"memory": "no choice fits the model's memory estimate; the fastest is scored"}
+        if result.top_configs is None:
+            return fixed, {"unresolved": "no admissible value of the unknown fields; scored with the stated fields"}
+    chosen = result.top_configs.row(0)
+    picks = {name: chosen[name] for name in point.unknown}
+    picks.update(note)
+    return result.top_configs, picks
+
+
+def _layout_of(problem: Problem, spec: ConfigSpec, first: int, last: int) -> str:
+    from costmodel.pipeline import layout_name
+
+    return layout_name(problem.model.num_layers, spec.pp, spec.vp, first, last)
+
+
+def recompute_name(code: float) -> str:
+    return {v: k for k, v in RECOMPUTE_CODES.items()}[int(code)]
