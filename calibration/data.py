@@ -86,17 +86,18 @@ def load_point(path: str) -> Point:
         raise ProblemError(path, "config", "a validation point needs the known configuration")
     try:
         problem = Problem.model_validate(data, context={"base_dir": str(Path(path).parent)})
-        # the rules are checked once the unknown fields are resolved (resolve.py)
+        # with unknown fields the rules are checked by the search that resolves them
         problem = problem.model_copy(update={"config": ConfigSpec.model_validate(config)})
     except ValidationError as exc:
         fld, message = _describe(exc)
-        raise ProblemError(path, fld if problem_validated(exc, config) else f"config.{fld}", message) from None
+        raise ProblemError(path, fld if exc.title == "Problem" else f"config.{fld}", message) from None
+    if not unknown:  # fully stated: it must obey the rules now (resolved points obey them by search)
+        from costmodel.rules import config_violations
+
+        broken = config_violations(problem, problem.config)
+        if broken:
+            raise ProblemError(path, f"config.{broken[0][0]}", broken[0][1])
     return Point(problem.name, path, problem, measured, tuple(unknown))
-
-
-def problem_validated(exc: ValidationError, config) -> bool:
-    """Whether the error came from the problem (True) or from its config section."""
-    return exc.title == "Problem"
 
 
 def load_points(paths: list[str]) -> list[Point]:

@@ -86,17 +86,30 @@ def predict(point: Point, hw: HardwareSpec, configs: dict) -> tuple[float, bool]
     return float(ev.step_time_s[0]), bool(ev.fits[0])
 
 
-def _fit(points: list[Point], hw: HardwareSpec, knobs: tuple[str, ...], configs: dict, start: np.ndarray | None = None) -> np.ndarray:
+def starting_hardware(point: Point) -> HardwareSpec:
+    """The point's GPU with the documented default efficiency when it is the preset carrying a
+    shipped calibrated profile (calibration must not start from its own previous answer);
+    otherwise as the point gives it (per-point overrides are kept)."""
+    from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
+
+    hw = point.problem.hardware
+    preset = HARDWARE.get(hw.name)
+    if preset is not None and hw.efficiency == preset.efficiency and hw.name in DEFAULT_EFFICIENCY:
+        return hw.model_copy(update={"efficiency": DEFAULT_EFFICIENCY[hw.name]})
+    return hw
+
+
+def _fit(points: list[Point], starts: dict, knobs: tuple[str, ...], configs: dict, start: np.ndarray | None = None) -> np.ndarray:
     lo = np.array([KNOBS[k][1] for k in knobs])
     hi = np.array([KNOBS[k][2] for k in knobs])
-    x0 = np.clip(start if start is not None else np.array([read(hw, k) for k in knobs]), lo + 1e-6, hi - 1e-6)
+    reference = starts[points[0].name] if points else None
+    prior = np.array([read(reference, k) for k in knobs]) if reference is not None else (lo + hi) / 2
+    x0 = np.clip(start if start is not None else prior, lo + 1e-6, hi - 1e-6)
     measured = np.array([p.step_time_s() for p in points])
 
-    prior = np.array([read(hw, k) for k in knobs])
-
     def residuals(x):
-        trial = apply(hw, dict(zip(knobs, x)))
-        pred = np.array([predict(p, trial, configs)[0] for p in points])
+        values = dict(zip(knobs, x))
+        pred = np.array([predict(p, apply(starts[p.name], values), configs)[0] for p in points])
         # a weak prior toward the profile's documented defaults: a knob only one point informs
         # stays near its default instead of absorbing that point's idiosyncrasies
         # (an exponent defaults to 0: its prior is on the value itself)
@@ -120,34 +133,39 @@ class Calibration:
         return self.hardware.efficiency.calibration
 
 
-def calibrate(points: list[Point], hw: HardwareSpec, knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: bool = True, rounds: int = 3) -> Calibration:
+def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: bool = True, rounds: int = 3) -> Calibration:
+    """Fit `knobs` on the points (all on one GPU). Each point keeps its own hardware; the knobs
+    are applied on top of it."""
+    names = {p.hardware for p in points}
+    if len(names) != 1:
+        raise ValueError(f"calibrate one GPU at a time (got {', '.join(sorted(names))})")
     fit_points = [p for p in points if p.measured.fit]
     if len(fit_points) <= len(knobs):
         raise ValueError(f"{len(fit_points)} fitted points cannot determine {len(knobs)} parameters; give more points or fewer knobs")
+    starts = {p.name: starting_hardware(p) for p in points}
     configs, picks = {}, {}
-    current = hw
     x = None
     for _ in range(rounds):  # resolve the unknowns with the current profile, refit, until stable
         changed = False
         for p in points:
+            current = starts[p.name] if x is None else apply(starts[p.name], dict(zip(knobs, x)))
             cfg, chosen = resolve(p, current)
             if p.name not in picks or picks[p.name] != chosen:
                 changed = True
             configs[p.name], picks[p.name] = cfg, chosen
         if not changed and x is not None:
             break
-        x = _fit(fit_points, current, knobs, configs, x)
-        current = apply(hw, dict(zip(knobs, x)))
+        x = _fit(fit_points, starts, knobs, configs, x)
+    values = dict(zip(knobs, x))
 
     results = []
     for p in points:
-        pred, fits = predict(p, current, configs)
+        pred, fits = predict(p, apply(starts[p.name], values), configs)
         results.append(PointResult(p.name, p.hardware, p.step_time_s(), pred, picks[p.name], p.measured.fit, fits=fits))
     if loo:
         for i, p in enumerate(fit_points):
             others = fit_points[:i] + fit_points[i + 1:]
-            x_i = _fit(others, hw, knobs, configs, x)
-            trial = apply(hw, dict(zip(knobs, x_i)))
+            trial = apply(starts[p.name], dict(zip(knobs, _fit(others, starts, knobs, configs, x))))
             cfg_i, _ = resolve(p, trial)
             pred_i, _ = predict(p, trial, {p.name: cfg_i})
             next(r for r in results if r.name == p.name).loo_predicted_step_s = pred_i
@@ -164,5 +182,6 @@ def calibrate(points: list[Point], hw: HardwareSpec, knobs: tuple[str, ...] = DE
         max_abs_error_pct=float(max(abs(r.error_pct) for r in fitted)),
         data=[r.name for r in fitted],
     )
-    efficiency = current.efficiency.model_copy(update={"calibration": stats, "source": f"calibrated on {len(fitted)} public measured runs (problems/validation): {', '.join(stats.data)}"})
-    return Calibration(current.model_copy(update={"efficiency": efficiency}), dict(zip(knobs, (float(v) for v in x))), results)
+    base = apply(starts[fit_points[0].name], values)
+    efficiency = base.efficiency.model_copy(update={"calibration": stats, "source": f"calibrated on {len(fitted)} public measured runs (problems/validation): {', '.join(stats.data)}"})
+    return Calibration(base.model_copy(update={"efficiency": efficiency}), {k: float(v) for k, v in values.items()}, results)

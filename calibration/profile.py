@@ -33,10 +33,19 @@ def profile_document(cal, command: str) -> dict:
 
 
 def read_profile(path: str | Path) -> tuple[str, EfficiencyProfile]:
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or "hardware" not in data or "efficiency" not in data:
-        raise ValueError(f"{path}: not a calibrated profile (needs hardware and efficiency)")
-    return data["hardware"], EfficiencyProfile.model_validate(data["efficiency"])
+        raise ValueError("not a calibrated profile (needs hardware and efficiency)")
+    from pydantic import ValidationError
+
+    try:
+        return data["hardware"], EfficiencyProfile.model_validate(data["efficiency"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"efficiency.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 def with_profile(hw: HardwareSpec, efficiency: EfficiencyProfile) -> HardwareSpec:

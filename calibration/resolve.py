@@ -4,7 +4,7 @@ well-tuned configuration), with the hardware profile being calibrated."""
 
 from __future__ import annotations
 
-from costmodel.configs import ConfigBatch, RECOMPUTE_CODES
+from costmodel.configs import ConfigBatch
 from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
 from calibration.data import Point
 from optimizer.exhaustive import solve_exhaustive
@@ -59,7 +59,3 @@ def _layout_of(problem: Problem, spec: ConfigSpec, first: int, last: int) -> str
     from costmodel.pipeline import layout_name
 
     return layout_name(problem.model.num_layers, spec.pp, spec.vp, first, last)
-
-
-def recompute_name(code: float) -> str:
-    return {v: k for k, v in RECOMPUTE_CODES.items()}[int(code)]

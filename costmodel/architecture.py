@@ -77,7 +77,6 @@ class LayerWork:
 
     gemms: list[Gemm]
     attention_flops_hw: np.ndarray  # core attention kernel work (causal-aware)
-    attention_flops_model: np.ndarray  # PaLM convention, full score matrix
     attention_unfused_bytes: np.ndarray  # softmax/dropout traffic of unfused attention
     memory_bytes: np.ndarray  # norms, residual adds, activation functions, rope, permutes
     tp_bytes: list[tuple[str, np.ndarray, str]]  # (collective, full-buffer bytes, paired GEMM)
@@ -88,10 +87,6 @@ class LayerWork:
     core_attention_saved: tuple[str, ...]  # names dropped by selective recompute
     params_local: np.ndarray  # parameters this GPU holds for the layer
     expert_params_local: np.ndarray = field(default_factory=lambda: np.zeros(1))
-
-    @property
-    def gemm_flops(self) -> np.ndarray:
-        return sum(g.flops for g in self.gemms)
 
     @property
     def saved_bytes(self) -> np.ndarray:
@@ -186,10 +181,6 @@ def total_params(m: ModelSpec) -> int:
     )
 
 
-def _ceil_div(a, b):
-    return np.ceil(a / b)
-
-
 def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
     """Operators, communication and saved tensors of the attention half of a layer."""
     h, s = m.hidden_size, tr.seq_len
@@ -262,7 +253,6 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
     return dict(
         gemms=gemms,
         attention_hw=attention_hw,
-        attention_model=full_attn,
         unfused_bytes=unfused_bytes,
         memory=memory,
         saved=saved,
@@ -300,7 +290,6 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
     return LayerWork(
         gemms=at["gemms"] + gemms,
         attention_flops_hw=at["attention_hw"],
-        attention_flops_model=at["attention_model"],
         attention_unfused_bytes=at["unfused_bytes"],
         memory_bytes=memory,
         tp_bytes=tp,
@@ -369,7 +358,6 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
     return LayerWork(
         gemms=gemms,
         attention_flops_hw=at["attention_hw"],
-        attention_flops_model=at["attention_model"],
         attention_unfused_bytes=at["unfused_bytes"],
         memory_bytes=memory,
         tp_bytes=tp,
@@ -394,7 +382,6 @@ class EdgeWork:
     head_memory_bytes: np.ndarray  # final norm + cross-entropy passes over the logits
     head_saved: np.ndarray  # final-norm input + fp32 softmax kept for the loss backward
     head_tp_bytes: np.ndarray  # all-gather of the final hidden states before the head
-    head_flops_model: np.ndarray
 
 
 def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> EdgeWork:
@@ -412,5 +399,4 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> EdgeWork:
         head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits,
         head_saved=D * Tsp * h + D * Tsp * h + 4 * logits,
         head_tp_bytes=np.where(t > 1, D * T * h, 0.0),
-        head_flops_model=2.0 * T * V * h / t,
     )

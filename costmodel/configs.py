@@ -56,7 +56,10 @@ class ConfigBatch:
         unknown = set(columns) - set(names)
         if unknown:
             raise KeyError(f"unknown configuration fields: {sorted(unknown)}")
-        n = max((np.size(v) for v in columns.values()), default=1)
+        lengths = {np.size(v) for v in columns.values() if np.ndim(v) > 0}
+        if len(lengths) > 1:
+            raise ValueError(f"configuration columns differ in length: {sorted(lengths)}")
+        n = lengths.pop() if lengths else 1  # scalars alone make one configuration
         defaults = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": 0, "interval": 0}
         missing = {"first_layers", "last_layers"} - set(columns)
         if missing:
@@ -114,7 +117,6 @@ class Derived:
         self.cpu = (cfg.cpu_optimizer == 1) * 1.0
         self.offload = (cfg.activation_offload == 1) * 1.0
         self.dp_overlap = (cfg.dp_overlap == 1) * 1.0
-        self.pp_overlap = (cfg.pp_overlap == 1) * 1.0
         self.full_recompute = (cfg.recompute == 2) * 1.0
         self.interleaved = (cfg.vp > 1) * 1.0
         self.dp = np.maximum(cfg.dp, 1.0)

@@ -49,6 +49,8 @@ class Evaluation:
     hfu: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
     checkpoint_save_s: float | None
+    pp_without_overlap_s: np.ndarray  # for search bounds: PP exposure without overlap,
+    pp_overlap_floor_s: np.ndarray  # and the part that overlap cannot hide
     ettr: np.ndarray | None
     checkpoint_interval: np.ndarray | None
     e2e_time_s: np.ndarray | None
@@ -89,7 +91,9 @@ def checkpoint_save_s(problem: Problem) -> float | None:
     if ft.checkpoint_save_s is not None:
         return ft.checkpoint_save_s
     tr = problem.training
-    state_bytes = arch.total_params(problem.model) * (tr.bytes_of("params") + 3 * tr.bytes_of("optimizer"))
+    d_para, d_opt = tr.bytes_of("params"), tr.bytes_of("optimizer")
+    states = (3 if d_para < d_opt else 2) * d_opt  # a master copy only when the weights are narrower
+    state_bytes = arch.total_params(problem.model) * (d_para + states)
     return state_bytes / (ft.checkpoint_write_gb_per_s_per_node * GB * problem.cluster.num_nodes)
 
 
@@ -135,7 +139,8 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
         head_saved=edge.head_saved,
         embedding_params=edge.embedding_params_local + 0.0 * emb_f,
         head_params=edge.head_params_local + 0.0 * emb_f,
-        hop_bytes=d_act * shard.tokens * m.hidden_size / shard.t,
+        # Megatron sends [s/cp(/tp with SP), b, h]; old Megatron's scatter/gather sent 1/tp without SP
+        hop_bytes=d_act * (shard.tokens / shard.t if tr.p2p_scatter_gather else shard.tokens_sp) * m.hidden_size,
     )
 
 
@@ -272,6 +277,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         hfu=hw_flops / (step * G * peak_flops),
         tokens_per_s_per_gpu=tokens / (step * G),
         checkpoint_save_s=save_s,
+        pp_without_overlap_s=pipe.pp_without_overlap,
+        pp_overlap_floor_s=pipe.pp_overlap_floor,
         ettr=ettr,
         checkpoint_interval=interval,
         e2e_time_s=e2e,

@@ -123,6 +123,8 @@ def load_problem(path: str, overrides: list[str] | None = None) -> Problem:
         if data.get("config") is None:
             data.pop("config", None)
     data.setdefault("name", Path(path).stem)
+    if "measured" in data:
+        raise ProblemError(path, "measured", "this is a validation point: use `mofa validate` (or `mofa calibrate`) with it")
     try:
         return Problem.model_validate(data, context={"base_dir": str(Path(path).parent)})
     except ValidationError as exc:

@@ -24,8 +24,8 @@ the interleaved bubble. This replaces MoFa's eqs. 9-11, whose printed steady-sta
 mixes per-chunk and per-rank quantities (v*l*T^FWD next to l*T^BWD); the sum of its three
 phases is the same expression when those are made consistent.
 
-PP communication (tau = one hop of an activation micro-batch, s*b*h/(tp*cp) elements with
-sequence parallelism, as Megatron sends it):
+PP communication (tau = one hop of an activation micro-batch: s*b*h/cp elements, divided by tp
+with sequence parallelism, as Megatron's get_tensor_shapes sends it):
   * without overlap every forward and backward chunk-step blocks on its hop, and the fill and
     drain each add pp-1 hops on the critical path: (2*m*vp + 2*(pp-1)) * tau. For vp = 1 this
     is MoFa's steady-state count (4*m*v - 2*m + 2*p - 2) * T^PP.
@@ -152,10 +152,11 @@ def in_flight(rank, cfg: ConfigBatch, microbatches) -> np.ndarray:
 @dataclass(frozen=True)
 class PipelineTime:
     total: np.ndarray
-    steady: np.ndarray  # m * max_r R_r: the bottleneck rank's own work
     bubble: np.ndarray  # (sum_r R_r - max_r R_r) / vp
     pp_exposed: np.ndarray
     bottleneck: tuple  # masks of the rank class with the most work (first, second, last)
+    pp_without_overlap: np.ndarray  # the exposed PP time without overlap ...
+    pp_overlap_floor: np.ndarray  # ... and the part overlap cannot hide (warm-up and cool-down chains)
 
 
 def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, pp_overlap_coef) -> PipelineTime:
@@ -176,6 +177,7 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
         return np.maximum(comm - chunk, (c.alpha - 1.0) * np.minimum(chunk, comm))
 
     steady_hidden = microbatches * v * (exposed(chunk_f) + exposed(chunk_b))
-    with_overlap = 2 * (v * p - 1) * hop + steady_hidden
-    pp = (p > 1) * blend(cfg.pp_overlap == 1, with_overlap, no_overlap)
-    return PipelineTime(steady + bubble + pp, steady, bubble, pp, argmax3(r0, r1, r2))
+    floor = (p > 1) * 2 * (v * p - 1) * hop
+    no_overlap = (p > 1) * no_overlap
+    pp = blend(cfg.pp_overlap == 1, floor + steady_hidden, no_overlap)
+    return PipelineTime(steady + bubble + pp, bubble, pp, argmax3(r0, r1, r2), no_overlap, floor)

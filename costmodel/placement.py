@@ -4,7 +4,8 @@ Dense layers use the grid [TP, CP, PP, DP]; expert layers the grid [ETP, EP, PP,
 same ranks (Megatron's "MoE parallel folding"): the ETP x EP block of a pipeline stage takes
 the innermost ranks of that stage, first the TP ranks, then CP, then whatever part of EP does
 not fit in TP x CP (the `ep` slot of the placement order), so EP stays as close as it can.
-Each group is returned as (stride, count) factors, inner first (see network.Network.fanout).
+Each group is a list of (stride, count) factors, inner first, resolved onto the network's levels
+by network.Network.group.
 """
 
 from __future__ import annotations

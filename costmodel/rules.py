@@ -82,7 +82,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
         out["etp_valid"] = etp > cl.gpus_per_node
     out["moe_needs_sequence_parallel"] = (t > 1) & (not dense) & (not tr.sequence_parallel)
 
-    out["tp_overlap_needs_tp"] = (cfg.tp_overlap == 1) & (t == 1)
+    out["tp_overlap_needs_tp"] = (cfg.tp_overlap == 1) & ((t == 1) | (not tr.sequence_parallel))
     out["cp_overlap_needs_cp"] = (cfg.cp_overlap == 1) & (c == 1)
     out["ep_overlap_needs_ep"] = (cfg.ep_overlap == 1) & ((e == 1) | ((p > 1) & (v == 1)) | (cfg.recompute == 2))
     out["pp_overlap_needs_vp"] = (cfg.pp_overlap == 1) & ((p == 1) | (v == 1))

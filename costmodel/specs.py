@@ -76,6 +76,8 @@ class ModelSpec(Spec):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     tied_embeddings: bool = False
     dropout: bool = Field(default=False, description="dropout after attention and MLP (GPT-3 style)")
+    position_embedding: Literal["rope", "learned", "alibi", "none"] = "rope"
+    linear_bias: bool = Field(default=False, description="biases on the linear layers (GPT-3, BLOOM); not counted in parameters")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
 
@@ -129,7 +131,7 @@ class CalibrationStats(Spec):
     """What a calibration measured: residuals of log(predicted / measured) step time."""
 
     points: int = Field(gt=0)
-    log_residual_sd: float = Field(ge=0, description="standard deviation of log(pred/meas), leave-one-out")
+    log_residual_sd: float = Field(ge=0, description="root mean square of log(pred/meas), leave-one-out (bias included)")
     mape_pct: float = Field(ge=0)
     loo_mape_pct: float | None = Field(default=None, ge=0)
     max_abs_error_pct: float = Field(ge=0)
@@ -265,6 +267,11 @@ class TrainingSpec(Spec):
     dtypes: DtypeSpec = DtypeSpec()
     attention_kernel: Literal["flash", "unfused"] = "flash"
     sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
+    p2p_scatter_gather: bool = Field(
+        default=False,
+        description="pre-2023 Megatron-LM (--scatter-gather-tensors-in-pipeline, on by default then): without sequence "
+        "parallelism each TP rank sends 1/tp of the activation and the receiver all-gathers it",
+    )
     optimizer_memory: Literal["megatron", "mofa_eq4"] = Field(
         default="megatron",
         description="megatron: 3*D_opt states + a D_opt gradient copy at the step; mofa_eq4: 4*D_opt held throughout",
@@ -318,6 +325,12 @@ class FeaturesSpec(Spec):
     cpu_optimizer: FeatureMode = "allowed"
     activation_offload: FeatureMode = "allowed"
     recompute: list[RecomputeMode] = ["none", "selective", "full"]
+
+    @field_validator(*FEATURES, mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v):
+        """YAML 1.1 reads an unquoted on/off as a boolean."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("recompute", mode="before")
     @classmethod
@@ -460,6 +473,13 @@ class Problem(Spec):
         from costmodel.presets import resolve_hardware
 
         return resolve_hardware(v)
+
+    @model_validator(mode="after")
+    def _compute_dtype_has_a_peak(self):
+        dtype = self.training.dtypes.compute
+        if dtype not in self.hardware.peak_tflops:
+            raise ValueError(f"training.dtypes.compute: {self.hardware.name} has no peak for {dtype} (it lists {', '.join(self.hardware.peak_tflops)})")
+        return self
 
     @model_validator(mode="after")
     def _config_rules(self):

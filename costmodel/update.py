@@ -17,10 +17,9 @@ MoFa's window is p*l*(v-1)*T^BWD (the cool-down). With vp = 1 the unit is Megatr
 bucket (40M parameters by default) and the window the last micro-batch's backward on the rank.
 
 GPU Adam update (eq. 13's P^Opt, counted rather than profiled): per parameter it reads the
-fp32 master weight, both moments and the gradient and writes the master, the moments and the
-bf16 weight: 3*D_opt + D_grad' reads, 3*D_opt + D_para writes (D_grad' = D_opt: the gradient
-is upcast first), at the memory-bound fraction of HBM bandwidth. Sharded over DP by the
-distributed optimizer (eq. 26).
+master weight (if the weights are narrower than D_opt), both moments and the gradient (upcast
+to D_opt) and writes them back with the model weight, at the memory-bound fraction of HBM
+bandwidth. Sharded over DP by the distributed optimizer (eq. 26).
 
 CPU optimizer (eq. 28): parameters / host Adam throughput + gradients device-to-host +
 parameters host-to-device. (Eq. 28 as printed divides gradients by B^h2d and parameters by
@@ -38,6 +37,7 @@ from costmodel.units import GB
 
 #: Megatron's default DDP bucket (parameters): --ddp-bucket-size default max(40M, 1M * dp)
 BUCKET_PARAMS = 40e6
+BUCKET_PARAMS_PER_DP_RANK = 1e6
 #: kernels of one fused multi-tensor Adam step (launch overheads)
 ADAM_KERNELS = 4.0
 
@@ -46,7 +46,6 @@ ADAM_KERNELS = 4.0
 class OptimizerTime:
     dp_exposed: np.ndarray
     update: np.ndarray
-    dp_total: np.ndarray  # before overlap, for reporting
 
 
 def exposed_after_overlap(total, units, window, coef, on):
@@ -62,7 +61,10 @@ def exposed_after_overlap(total, units, window, coef, on):
 
 
 def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
-    return 3 * d_opt + d_opt + 3 * d_opt + d_para
+    """Reads: master weight (when the weights are narrower than D_opt), both moments, the
+    gradient upcast to D_opt; writes: the same states and the model weight."""
+    states = (3 if d_para < d_opt else 2) * d_opt
+    return states + d_opt + states + d_para
 
 
 def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool) -> OptimizerTime:
@@ -78,7 +80,8 @@ def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp
         rs = rs + net.reduce_scatter(d_grad * expert_params, groups.edp)
         ag = ag + net.all_gather(gather_bytes * expert_params, groups.edp)
     params = dense_params + expert_params
-    units = blend(x.interleaved, units_v, np.maximum(1.0, np.ceil(params / BUCKET_PARAMS)))
+    bucket = np.maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP_RANK * x.dp_cp)
+    units = blend(x.interleaved, units_v, np.maximum(1.0, np.ceil(params / bucket)))
     on = x.dp_overlap
     coef = hw.efficiency.dp_overlap
     # distributed optimizer: the reduce-scatter trails the backward, the parameter all-gather
@@ -92,4 +95,4 @@ def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp
     eff = hw.efficiency.host_link_efficiency
     cpu_update = local / hw.cpu_optimizer_params_per_s + d_grad * local / (hw.d2h_gb_per_s * eff * GB) + d_para * local / (hw.h2d_gb_per_s * eff * GB)
     update = blend(x.cpu, cpu_update, gpu_update)
-    return OptimizerTime(exposed, update, rs + ag)
+    return OptimizerTime(exposed, update)

@@ -7,30 +7,11 @@ import json
 import sys
 
 from costmodel.loader import ProblemError
+from mofa.report import finite
 
 
 def _emit(obj, as_json: bool, text: str) -> None:
-    if as_json:
-        print(json.dumps(obj, indent=2, allow_nan=False, default=_json_default))
-    else:
-        print(text)
-
-
-def _json_default(value):
-    if isinstance(value, float) and value == float("inf"):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _finite(obj):
-    """JSON has no infinity: report it as null."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return None
-    return obj
+    print(json.dumps(finite(obj), indent=2, allow_nan=False) if as_json else text)
 
 
 # --------------------------------------------------------------------------------------
@@ -38,17 +19,15 @@ def cmd_evaluate(args) -> int:
     from costmodel.configs import ConfigBatch
     from costmodel.evaluate import evaluate
     from costmodel.loader import load_problem
-    from costmodel.specs import ConfigSpec
     from mofa.report import render_evaluation
 
     problem = load_problem(args.problem, args.set)
-    spec = problem.config or ConfigSpec()
-    if problem.config is None and not args.set:
+    if problem.config is None:
         raise ProblemError(args.problem, "config", "no configuration to evaluate: add a config section or --set tp=... pp=...")
-    batch = ConfigBatch.from_specs(problem, [spec])
+    batch = ConfigBatch.from_specs(problem, [problem.config])
     result = evaluate(problem, batch).as_dict(0, batch)
     result = _with_interval(problem, result)
-    _emit(_finite(result), args.json, render_evaluation(problem.name, result, problem.hardware.memory_gb))
+    _emit(result, args.json, render_evaluation(problem.name, result, problem.hardware.memory_gb))
     return 0
 
 
@@ -67,6 +46,12 @@ def cmd_ettr(args) -> int:
 
     from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 
+    import math
+
+    for name in ("failure_rate", "repair_time", "save_time", "first_init", "step_time"):
+        if not math.isfinite(getattr(args, name)):
+            print(f"mofa ettr: --{name.replace('_', '-')} must be a finite number", file=sys.stderr)
+            return 2
     for name in ("nodes", "step_time"):
         if getattr(args, name) <= 0:
             print(f"mofa ettr: --{name.replace('_', '-')} must be positive", file=sys.stderr)
@@ -104,7 +89,7 @@ def cmd_ettr(args) -> int:
     ]
     if args.steps:
         text.append(f"end-to-end time for {args.steps:,} steps: {duration(out['e2e_time_s'])}")
-    _emit(_finite(out), args.json, "\n".join(text))
+    _emit(out, args.json, "\n".join(text))
     return 0
 
 

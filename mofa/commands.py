@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from costmodel.loader import ProblemError
+from mofa.report import finite
 
 EXIT_INFEASIBLE = 1
 
@@ -44,16 +45,6 @@ def _load(path: str, overrides: list[str] | None = None):
     return problem
 
 
-def _finite(obj):
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def write_atomically(path: str, text: str) -> None:
     """Write via a temporary file in the same directory and rename: readers never see a
     partial file, and an existing file is only replaced once the new one is complete."""
@@ -77,7 +68,7 @@ def cmd_solve(args) -> int:
     if args.top < 1:
         print("mofa solve: --top must be at least 1", file=sys.stderr)
         return 2
-    if args.time_limit is not None and args.time_limit <= 0:
+    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
         print("mofa solve: --time-limit must be positive", file=sys.stderr)
         return 2
     problem = _load(args.problem, args.set)
@@ -85,13 +76,17 @@ def cmd_solve(args) -> int:
         result = solve(problem, args.method, args.objective, args.top, args.time_limit)
     except ObjectiveError as exc:
         raise ProblemError(args.problem, "search.objective", str(exc)) from None
-    out = _finite(result.as_dict(problem))
+    out = finite(result.as_dict(problem))
     from mofa.cli import _with_interval
 
     for entry in out["top"]:
         _with_interval(problem, entry)
     if args.out:
-        _write_outputs(problem, out, args.out)
+        try:
+            _write_outputs(problem, out, args.out)
+        except OSError as exc:
+            print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -109,17 +104,25 @@ def _write_outputs(problem, out: dict, directory: str) -> None:
     best = out.get("best")
     if not best:
         return
-    config = best["config"]
+    config = dict(best["config"])
+    if best.get("checkpoint_interval") is not None:
+        config["checkpoint_interval"] = best["checkpoint_interval"]  # the interval eq. 44 chose
     keep = {k: v for k, v in config.items() if k not in ("dp",)}
     write_atomically(os.path.join(directory, "best.yaml"), yaml.safe_dump({"config": keep}, sort_keys=False))
+    errors = []
     try:
         env, flags = megatron_args(problem, config)
         lines = ["#!/usr/bin/env bash", "# Megatron-LM launch flags chosen by `mofa solve`", *[f"export {k}={v}" for k, v in env.items()], "MEGATRON_ARGS=("]
         lines += [f"  {flag}" for flag in flags] + [")", 'echo "${MEGATRON_ARGS[@]}"', ""]
         write_atomically(os.path.join(directory, "megatron_args.sh"), "\n".join(lines))
+    except ExportError as exc:
+        errors.append(f"megatron: {exc}")
+    try:
         write_atomically(os.path.join(directory, "bridge_overrides.txt"), "\n".join(bridge_overrides(problem, config)) + "\n")
     except ExportError as exc:
-        write_atomically(os.path.join(directory, "export_error.txt"), str(exc) + "\n")
+        errors.append(f"bridge: {exc}")
+    if errors:
+        write_atomically(os.path.join(directory, "export_errors.txt"), "\n".join(errors) + "\n")
 
 
 def cmd_compare(args) -> int:
@@ -127,10 +130,16 @@ def cmd_compare(args) -> int:
     from optimizer.search import solve
     from optimizer.space import SearchSpace
 
+    from optimizer.result import ObjectiveError, check_objective
+
     rows = []
     for path in args.problems:
         problem = _load(path)
         objective = args.objective or problem.search.objective
+        try:
+            check_objective(problem, objective)
+        except ObjectiveError as exc:
+            raise ProblemError(path, "search.objective", str(exc)) from None
         entry = {"problem": path}
         for method in ("cpsat", "dfs", "exhaustive"):
             if method == "exhaustive" and SearchSpace.from_problem(problem).size > args.max_exhaustive:
@@ -143,7 +152,7 @@ def cmd_compare(args) -> int:
         done = [entry[m]["objective"] for m in ("cpsat", "dfs", "exhaustive") if entry.get(m) and entry[m]["status"] in ("optimal", "infeasible")]
         entry["agree"] = all((a is None and b is None) or (a is not None and b is not None and abs(a - b) <= 1e-9 * max(abs(a), abs(b))) for a, b in zip(done, done[1:]))
         rows.append(entry)
-    rows = _finite(rows)
+    rows = finite(rows)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -155,7 +164,7 @@ def register_calibration(sub) -> None:
     p = sub.add_parser("calibrate", help="fit a hardware profile to measured runs")
     p.add_argument("data", nargs="+", help="validation point files (problems/validation/*.yaml)")
     p.add_argument("--hardware", required=True, help="fit the points on this GPU preset")
-    p.add_argument("--knobs", help="comma-separated knobs to fit (default: " + ",".join(__import__("calibration.fit", fromlist=["DEFAULT_KNOBS"]).DEFAULT_KNOBS) + ")")
+    p.add_argument("--knobs", help="comma-separated knobs to fit (default: gemm, attention, node and cluster communication, scale decay, DP-overlap contention)")
     p.add_argument("--no-loo", action="store_true", help="skip leave-one-out cross-validation")
     p.add_argument("--out", metavar="PROFILE.yaml")
     p.add_argument("--json", action="store_true")
@@ -181,14 +190,16 @@ def cmd_calibrate(args) -> int:
     if not points:
         print(f"mofa calibrate: none of the data runs on hardware '{args.hardware}'", file=sys.stderr)
         return 2
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        print(f"mofa calibrate: the directory of --out {args.out} does not exist", file=sys.stderr)
+        return 2
     knobs = tuple(k.strip() for k in args.knobs.split(",")) if args.knobs else DEFAULT_KNOBS
     unknown = [k for k in knobs if k not in KNOBS]
     if unknown:
         print(f"mofa calibrate: unknown knobs {unknown} (known: {', '.join(KNOBS)})", file=sys.stderr)
         return 2
-    base = _base_hardware(args.hardware)
     try:
-        cal = calibrate(points, base, knobs, loo=not args.no_loo)
+        cal = calibrate(points, knobs, loo=not args.no_loo)
     except ValueError as exc:
         print(f"mofa calibrate: {exc}", file=sys.stderr)
         return 2
@@ -196,16 +207,13 @@ def cmd_calibrate(args) -> int:
     doc = profile_document(cal, command)
     if args.out:
         header = f"# Calibrated efficiency profile for {args.hardware}, written by:\n#   {command}\n"
-        write_atomically(args.out, header + yaml.safe_dump(doc, sort_keys=False))
-    print(json.dumps(_finite(doc), indent=2) if args.json else render_calibration(doc))
+        try:
+            write_atomically(args.out, header + yaml.safe_dump(doc, sort_keys=False))
+        except OSError as exc:
+            print(f"mofa calibrate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(finite(doc), indent=2) if args.json else render_calibration(doc))
     return 0
-
-
-def _base_hardware(name: str):
-    """The preset before any calibrated profile: calibration starts from the documented defaults."""
-    from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
-
-    return HARDWARE[name].model_copy(update={"efficiency": DEFAULT_EFFICIENCY[name]})
 
 
 def cmd_validate(args) -> int:
@@ -220,13 +228,14 @@ def cmd_validate(args) -> int:
     for path in args.profile:
         try:
             name, efficiency = read_profile(path)
-        except (OSError, ValueError) as exc:
-            print(f"mofa validate: {exc}", file=sys.stderr)
+        except (OSError, ValueError) as exc:  # pydantic and YAML errors are ValueErrors
+            print(f"mofa validate: {path}: {str(exc).splitlines()[0]}", file=sys.stderr)
             return 2
         profiles[name] = efficiency
-    rows = []
+    rows, efficiencies = [], {}
     for point in load_points(args.data):
         hw = point.problem.hardware
+        efficiencies[hw.name] = hw.efficiency
         if hw.name in profiles:
             hw = with_profile(hw, profiles[hw.name])
         cfg, chosen = resolve(point, hw)
@@ -251,23 +260,21 @@ def cmd_validate(args) -> int:
             "resolved": chosen,
             "source": point.measured.source,
         })
-    out = _validation_summary(rows, profiles)
+    out = _validation_summary(rows, profiles, efficiencies)
     out["memory_checks"] = memory_checks()
-    print(json.dumps(_finite(out), indent=2) if args.json else render_validation(out))
+    print(json.dumps(finite(out), indent=2) if args.json else render_validation(out))
     if args.max_mape is not None and out["mape_pct"] is not None and out["mape_pct"] > args.max_mape:
         print(f"mofa validate: MAPE {out['mape_pct']:.2f}% exceeds --max-mape {args.max_mape}", file=sys.stderr)
         return 1
     return 0
 
 
-def _validation_summary(rows: list[dict], profiles: dict) -> dict:
-    from costmodel.presets import HARDWARE
-
+def _validation_summary(rows: list[dict], profiles: dict, efficiencies: dict) -> dict:
     fitted = [r for r in rows if r["fitted"]]
     per = {}
     for name in sorted({r["hardware"] for r in rows}):
         group = [r for r in fitted if r["hardware"] == name]
-        eff = profiles.get(name) or HARDWARE[name].efficiency
+        eff = profiles.get(name) or efficiencies[name]
         cal = eff.calibration
         per[name] = {
             "points": len(group),

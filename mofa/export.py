@@ -28,7 +28,8 @@ def _check(problem: Problem, config: dict) -> None:
 
 
 def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[str]]:
-    """(environment, Megatron-LM command-line flags)."""
+    """(environment, Megatron-LM command-line flags). config['checkpoint_interval'] is the
+    interval in steps (the value an evaluation chose, not 'optimal')."""
     _check(problem, config)
     m, tr = problem.model, problem.training
     c = config
@@ -45,8 +46,19 @@ def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[
         f"--ffn-hidden-size {m.ffn_hidden_size}",
         f"--num-attention-heads {m.num_heads}",
     ]
+    if m.head_dim and m.head_dim != m.hidden_size // m.num_heads:
+        args.append(f"--kv-channels {m.head_dim}")
     if m.activation == "swiglu":
         args.append("--swiglu")
+    elif m.activation == "squared_relu":
+        args.append("--squared-relu")
+    if m.norm == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if m.position_embedding == "alibi":
+        raise ExportError("refusing to export: Megatron-Core has no ALiBi position embedding")
+    args.append({"rope": "--position-embedding-type rope", "learned": "--position-embedding-type learned_absolute", "none": "--position-embedding-type none"}[m.position_embedding])
+    if not m.linear_bias:
+        args.append("--disable-bias-linear")
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if m.mla is not None:
@@ -65,7 +77,7 @@ def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[
         if m.moe.first_dense_layers:
             pattern = "[" + ",".join(["0"] * m.moe.first_dense_layers + ["1"] * m.num_moe_layers) + "]"
             args.append(f"--moe-layer-freq {pattern}")
-    if c["tp"] > 1:
+    if c["tp"] > 1 and tr.sequence_parallel:
         args.append("--sequence-parallel")
     if c["vp"] > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {c['vp']}")
@@ -124,7 +136,7 @@ def bridge_overrides(problem: Problem, config: dict) -> list[str]:
         f"model.context_parallel_size={c['cp']}",
         f"model.expert_model_parallel_size={c['ep']}",
         f"model.expert_tensor_parallel_size={c['etp']}",
-        f"model.sequence_parallel={str(c['tp'] > 1).lower()}",
+        f"model.sequence_parallel={str(c['tp'] > 1 and problem.training.sequence_parallel).lower()}",
         f"train.micro_batch_size={c['mbs']}",
         f"train.global_batch_size={problem.training.global_batch_size}",
         f"model.seq_length={problem.training.seq_len}",
@@ -136,8 +148,10 @@ def bridge_overrides(problem: Problem, config: dict) -> list[str]:
         f"comm_overlap.overlap_moe_expert_parallel_comm={str(c['ep_overlap']).lower()}",
         f"optimizer.optimizer_cpu_offload={str(c['cpu_optimizer']).lower()}",
         f"optimizer.optimizer_offload_fraction={1.0 if c['cpu_optimizer'] else 0.0}",
-        f"optimizer.use_precision_aware_optimizer={str(c['cpu_optimizer']).lower()}",
+        f"optimizer.use_precision_aware_optimizer={str(c['cpu_optimizer'] or problem.training.dtypes.grads != 'fp32').lower()}",
     ]
+    if problem.training.dtypes.grads != "fp32":
+        out.append(f"optimizer.main_grads_dtype={problem.training.dtypes.grads}")
     layout = layout_name(m.num_layers, c["pp"], c["vp"], c["first_stage_layers"], c["last_stage_layers"])
     if c["pp"] > 1 and layout == "embedding_loss":
         out += ["model.account_for_embedding_in_pipeline_split=true", "model.account_for_loss_in_pipeline_split=true"]
@@ -148,7 +162,9 @@ def bridge_overrides(problem: Problem, config: dict) -> list[str]:
         if c["recompute"] == "full":
             out += ["model.recompute_method=uniform", "model.recompute_num_layers=1"]
     if c["activation_offload"]:
-        out.append("model.cpu_offloading=true")
+        if c["pp"] > 1:  # frameworks.md: layer activation offload is not supported with PP > 1
+            raise ExportError("refusing to export Megatron-Bridge overrides: its activation offload (cpu_offloading) does not run with pp > 1; use the Megatron-LM flags (fine-grained offloading)")
+        out += ["model.cpu_offloading=true", f"model.cpu_offloading_num_layers={m.num_layers - 1}"]
     interval = c.get("checkpoint_interval")
     if isinstance(interval, int):
         out.append(f"checkpoint.save_interval={interval}")

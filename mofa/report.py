@@ -1,6 +1,20 @@
-"""Human-readable rendering of evaluation and search results (plain aligned text)."""
+"""Human-readable rendering of evaluation and search results (plain aligned text), and the
+JSON clean-up both share."""
 
 from __future__ import annotations
+
+import math
+
+
+def finite(obj):
+    """JSON has no infinity or NaN: report them as null."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
@@ -67,8 +81,8 @@ def config_label(c: dict) -> str:
     if c.get("ep", 1) > 1 or c.get("etp", 1) > 1:
         parts.append(f"etp={c['etp']}")
     parts.append(f"mbs={c['mbs']}")
-    if c.get("layer_split") == "embedding_loss":
-        parts.append("split=embedding_loss")
+    if c["pp"] > 1:
+        parts.append(f"layers first/last={c['first_stage_layers']}/{c['last_stage_layers']}")
     return " ".join(parts)
 
 

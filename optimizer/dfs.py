@@ -19,6 +19,7 @@ import numpy as np
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.pipeline import split_layers
+from costmodel.rules import feasible
 from costmodel.specs import FEATURES, Problem
 from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, objective_values
 from optimizer.space import SearchSpace
@@ -43,7 +44,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
 
     def leaf(row: dict) -> None:
         cfg = ConfigBatch.from_columns(G, **row, interval=interval)
-        if not space.feature_ok(cfg)[0]:
+        if not feasible(problem, cfg)[0]:  # every rule, whatever the prefixes checked
             return
         count["leaves"] += 1
         best.offer(objective_values(evaluate(problem, cfg), objective), cfg)
@@ -92,7 +93,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
                                 count["nodes"] += 1
                                 if m.moe and (m.moe.num_experts % e or G % (e * p)):
                                     continue
-                                for etp in sorted(set(space.etp or (1, t))) if m.moe else (1,):
+                                for etp in space.etp_options(t):
                                     count["nodes"] += 1
                                     if m.moe and ((t * c * d) % (e * etp) or G % (etp * e * p)):
                                         continue

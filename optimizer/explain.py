@@ -33,7 +33,7 @@ def explain_infeasible(problem: Problem, space: SearchSpace | None = None) -> st
 
 def _no_layout(problem: Problem, space: SearchSpace) -> str:
     m, G = problem.model, problem.cluster.num_gpus
-    etps = sorted(set(space.etp or (1, *space.tp))) if m.moe else [1]
+    etps = sorted({etp for t in space.tp for etp in space.etp_options(t)})
     grid = np.array(list(itertools.product(space.tp, space.cp, space.pp, space.vp, space.ep, etps, space.mbs)), dtype=float)
     if grid.size == 0:
         return "the search section admits no value for some parallel degree"
@@ -68,7 +68,8 @@ def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
     for j, name in enumerate(MEMORY_FEATURES):
         cols[name] = np.tile(combos[:, j], n_sk)
     cfg = ConfigBatch.from_columns(G, **cols)
-    cfg = cfg.take(np.flatnonzero(space.feature_ok(cfg)))
+    pure_time = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap")  # no effect on memory
+    cfg = cfg.take(np.flatnonzero(space.viable(cfg, pure_time)))
     if not len(cfg):
         return "every combination of the allowed features breaks a feature rule (for example offload with recompute, or a forced feature that needs a larger parallel degree)"
     ev = evaluate(problem, cfg)

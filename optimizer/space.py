@@ -13,7 +13,7 @@ is admissible.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 import numpy as np
@@ -53,6 +53,15 @@ FEATURE_RULES = (
     "recompute_allowed",
     "vp_needs_pp",
 )
+
+#: the rules that constrain each switch a search may leave open (decide later, exactly)
+SWITCH_RULES = {
+    "tp_overlap": ("tp_overlap_needs_tp",),
+    "cp_overlap": ("cp_overlap_needs_cp",),
+    "ep_overlap": ("ep_overlap_needs_ep",),
+    "pp_overlap": ("pp_overlap_needs_vp", "vp_needs_pp"),
+    "dp_overlap": ("dp_overlap_needs_dp",),
+}
 
 DEFAULT_MBS = (1, 2, 4, 8)
 MAX_VP = 32
@@ -120,14 +129,11 @@ class SearchSpace:
         """Every admissible skeleton (features off), in a canonical order."""
         m = self.problem.model
         G = self.problem.cluster.num_gpus
-        etps = sorted(set(self.etp or (1, *self.tp))) if m.moe else [1]
-        grid = np.array(list(itertools.product(self.tp, self.cp, self.pp, self.vp, self.ep, etps, self.mbs)), dtype=float)
+        grid = np.array([(t, c, p, v, e, etp, b) for t in self.tp for etp in self.etp_options(t)
+                         for c, p, v, e, b in itertools.product(self.cp, self.pp, self.vp, self.ep, self.mbs)], dtype=float)
         if grid.size == 0:
             return ConfigBatch.from_columns(G, **{k: np.zeros(0) for k in SKELETON_FIELDS})
         t, c, p, v, e, etp, mbs = grid.T
-        if m.moe and self.etp is None:
-            keep = (etp == 1) | (etp == t)  # Megatron's default ETP = TP, or none (torchtitan's rule)
-            t, c, p, v, e, etp, mbs = (a[keep] for a in (t, c, p, v, e, etp, mbs))
         # cheap rules first: they cut the grid before splits multiply it
         keep = (np.mod(G, t * c * p) == 0) & ((v == 1) | (p > 1)) & (v * p <= m.num_layers + 2)
         t, c, p, v, e, etp, mbs = (a[keep] for a in (t, c, p, v, e, etp, mbs))
@@ -189,6 +195,37 @@ class SearchSpace:
         for rule in FEATURE_RULES:
             ok &= ~bad[rule]
         return ok
+
+    def viable(self, cfg: ConfigBatch, open_switches: tuple[str, ...]) -> np.ndarray:
+        """True where every rule holds for some allowed value of each switch in
+        `open_switches` (their values in `cfg` are ignored) and for the fixed fields."""
+        G = self.problem.cluster.num_gpus
+        base = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "dp"}
+        for name in open_switches:
+            base[name] = self.flags[name][0]
+        skip = {rule for name in open_switches for rule in SWITCH_RULES[name]}
+        bad = violations(self.problem, ConfigBatch.from_columns(G, **base))
+        ok = np.ones(len(cfg), bool)
+        for rule, mask in bad.items():
+            if rule not in skip:
+                ok &= ~mask
+        for name in open_switches:
+            any_value = np.zeros(len(cfg), bool)
+            for value in self.flags[name]:
+                trial = violations(self.problem, ConfigBatch.from_columns(G, **{**base, name: value}))
+                holds = np.ones(len(cfg), bool)
+                for rule in SWITCH_RULES[name]:
+                    holds &= ~trial[rule]
+                any_value |= holds
+            ok &= any_value
+        return ok
+
+    def etp_options(self, tp: int) -> tuple[int, ...]:
+        """Expert-TP sizes for a TP size: the search section's, else none or TP (Megatron's
+        default ETP = TP; torchtitan's rule ETP in {1, TP})."""
+        if not self.problem.model.moe:
+            return (1,)
+        return tuple(self.etp) if self.etp else tuple(sorted({1, tp}))
 
     def interval(self) -> int:
         """Fixed checkpoint interval if the problem fixes one, else 0 (eq. 44 per configuration)."""

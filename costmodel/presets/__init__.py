@@ -24,16 +24,18 @@ def _lookup(registry: dict, name: str, kind: str):
     return registry[key]
 
 
+def _merge(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def _with_overrides(base, overrides: dict, spec_type):
+    """A preset with some fields replaced, nested sections merged key by key."""
     if not overrides:
         return base
-    data = base.model_dump()
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return spec_type.model_validate(data)
+    return spec_type.model_validate(_merge(base.model_dump(), overrides))
 
 
 def resolve_model(value, base_dir: str | None = None):

@@ -64,6 +64,8 @@ _register(ModelSpec(
     norm="layernorm",
     tied_embeddings=True,
     dropout=True,
+    position_embedding="learned",
+    linear_bias=True,
 ))
 
 _register(ModelSpec(
@@ -150,4 +152,6 @@ _register(ModelSpec(
     activation="gelu",
     norm="layernorm",
     tied_embeddings=True,
+    position_embedding="alibi",
+    linear_bias=True,
 ))

@@ -26,8 +26,7 @@ def test_calibration_meets_its_targets_and_reproduces_the_shipped_profile(gpu):
     """Leave-one-out MAPE <= 5% and worst leave-one-out error <= 10% on the fitted points; the
     shipped profile is exactly what recalibration produces."""
     points = [p for p in load_points(DATA) if p.hardware == gpu]
-    base = HARDWARE[gpu].model_copy(update={"efficiency": DEFAULT_EFFICIENCY[gpu]})
-    cal = calibrate(points, base)
+    cal = calibrate(points)
     fitted = [r for r in cal.results if r.fitted]
     assert len(fitted) >= 8
     assert cal.stats.loo_mape_pct <= 5.0

@@ -1,6 +1,5 @@
 """Memory ledger against MoFa Table 7 and basic invariants."""
 
-import numpy as np
 import pytest
 
 from conftest import PROBLEMS
