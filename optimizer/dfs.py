@@ -110,18 +110,8 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
     except _Stop:
         complete = False
 
-    status = ("optimal" if complete else "feasible") if best.configs is not None else ("infeasible" if complete else "unknown")
-    return SolveResult(
-        method="dfs",
-        objective=objective,
-        status=status,
-        top_values=best.values,
-        top_configs=best.configs,
-        solve_time_s=clock.elapsed,
-        evaluated=count["leaves"],
-        space_size=space.size,
-        stats={"nodes": count["nodes"], "leaves": count["leaves"]},
-    )
+    stats = {"nodes": count["nodes"], "leaves": count["leaves"]}
+    return best.result("dfs", objective, complete, clock, count["leaves"], space.size, stats)
 
 
 def _feature_prefix_ok(row: dict, assigned: str) -> bool:

@@ -29,17 +29,4 @@ def solve_exhaustive(problem: Problem, objective: str = "step", top_k: int = 1, 
         if time_limit_s is not None and clock.elapsed > time_limit_s:
             complete = False
             break
-    if best.configs is None:
-        status = "infeasible" if complete else "unknown"
-    else:
-        status = "optimal" if complete else "feasible"
-    return SolveResult(
-        method="exhaustive",
-        objective=objective,
-        status=status,
-        top_values=best.values,
-        top_configs=best.configs,
-        solve_time_s=clock.elapsed,
-        evaluated=evaluated,
-        space_size=space.size,
-    )
+    return best.result("exhaustive", objective, complete, clock, evaluated, space.size)

@@ -66,6 +66,25 @@ class TopK:
         self.values = values[order]
         self.configs = cfg.take(order)
 
+    def result(self, method: str, objective: str, complete: bool, clock: "Stopwatch", evaluated: int, space_size: int, stats: dict | None = None) -> "SolveResult":
+        """The SolveResult of a search that offered everything it scored here: optimal or
+        infeasible when it covered the whole space, feasible or unknown when it stopped early."""
+        if self.configs is None:
+            status = "infeasible" if complete else "unknown"
+        else:
+            status = "optimal" if complete else "feasible"
+        return SolveResult(
+            method=method,
+            objective=objective,
+            status=status,
+            top_values=self.values,
+            top_configs=self.configs,
+            solve_time_s=clock.elapsed,
+            evaluated=evaluated,
+            space_size=space_size,
+            stats=stats or {},
+        )
+
 
 @dataclass
 class SolveResult:
