@@ -82,6 +82,26 @@ class Evaluation:
         }
 
 
+def reliability_of_step(problem: Problem, step_s: np.ndarray, interval: np.ndarray):
+    """Checkpoint interval (eq. 44 where `interval` is 0, else as given), ETTR and end-to-end
+    time (eqs. 36-43) of configurations with these step times; (None, None, None) without a
+    fault-tolerance section. ETTR is the steady-state one when the step count is unknown, else the share of the end-to-end time spent on useful steps."""
+    ft = problem.fault_tolerance
+    if ft is None:
+        return None, None, None
+    save_s = checkpoint_save_s(problem)
+    rate = failure_rate_per_s(problem.cluster.num_nodes, ft.failure_rate_per_node_day)
+    u_b = ft.mean_recovery_s
+    interval = np.where(interval > 0, interval, optimal_interval(step_s, rate, u_b, save_s, problem.search.max_interval))
+    steps = problem.training.total_steps
+    if steps is None:
+        return interval, steady_state_ettr(step_s, interval, rate, u_b, save_s), None
+    e2e = end_to_end_s(steps, step_s, interval, rate, u_b, save_s, ft.first_init_s)
+    with np.errstate(invalid="ignore"):
+        ettr = np.where(np.isfinite(e2e), steps * step_s / e2e, 0.0)
+    return interval, ettr, e2e
+
+
 def checkpoint_save_s(problem: Problem) -> float | None:
     """T_save: given, or the full training state (weights + optimizer states) written by all
     nodes at the given per-node bandwidth."""
@@ -249,19 +269,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     tflops = model_flops / (step * G) / TFLOP
 
     save_s = checkpoint_save_s(problem)
-    ettr = interval = e2e = None
-    ft = problem.fault_tolerance
-    if ft is not None:
-        rate = failure_rate_per_s(cl.num_nodes, ft.failure_rate_per_node_day)
-        u_b = ft.mean_recovery_s
-        interval = np.where(cfg.interval > 0, cfg.interval, optimal_interval(step, rate, u_b, save_s, problem.search.max_interval))
-        steps = tr.total_steps
-        if steps is not None:
-            e2e = end_to_end_s(steps, step, interval, rate, u_b, save_s, ft.first_init_s)
-            with np.errstate(invalid="ignore"):
-                ettr = np.where(np.isfinite(e2e), steps * step / e2e, 0.0)
-        else:
-            ettr = steady_state_ettr(step, interval, rate, u_b, save_s)
+    interval, ettr, e2e = reliability_of_step(problem, step, cfg.interval)
 
     return Evaluation(
         step_time_s=step,

@@ -37,18 +37,15 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.configs import ConfigBatch
-from costmodel.evaluate import checkpoint_save_s, evaluate
-from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval
+from costmodel.evaluate import evaluate, reliability_of_step
 from costmodel.specs import Problem
 from costmodel.units import GB
 from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, objective_values
-from optimizer.space import SKELETON_FIELDS, SearchSpace
+from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SearchSpace
 
 TICK_S = 1e-6  # objective unit: one microsecond (times G)
 MB = 1e6  # memory unit
-PURE_TIME_FEATURES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap")
 LAYER_OVERLAPS = ("tp_overlap", "cp_overlap", "ep_overlap")
-MEMORY_FEATURES = ("recompute", "activation_offload", "distributed_optimizer", "cpu_optimizer")
 SEED = 20261122
 CHUNK = 65536  # configurations per exact-model batch
 
@@ -72,8 +69,7 @@ class Tables:
 def build_tables(problem: Problem, space: SearchSpace) -> Tables:
     G = problem.cluster.num_gpus
     sk = space.skeletons
-    choices = [c for c in itertools.product(space.recompute, space.flags["activation_offload"], space.flags["distributed_optimizer"], space.flags["cpu_optimizer"])
-               if not (c[1] == 1 and c[0] != 0)]
+    choices = space.memory_choices
     triples = list(itertools.product(*(space.flags[n] for n in LAYER_OVERLAPS)))
     n_rows, n_tri = len(sk) * len(choices), len(triples)
     row_sk = np.repeat(np.arange(len(sk)), len(choices))
@@ -81,7 +77,7 @@ def build_tables(problem: Problem, space: SearchSpace) -> Tables:
     idx_row = np.repeat(np.arange(n_rows), n_tri)
     idx_tri = np.tile(np.arange(n_tri), n_rows)
     cols = {name: getattr(sk, name)[row_sk[idx_row]] for name in SKELETON_FIELDS}
-    chosen = np.array(choices, dtype=float)[row_choice[idx_row]]
+    chosen = choices[row_choice[idx_row]]
     for j, name in enumerate(MEMORY_FEATURES):
         cols[name] = chosen[:, j]
     for j, name in enumerate(LAYER_OVERLAPS):
@@ -124,7 +120,7 @@ def build_tables(problem: Problem, space: SearchSpace) -> Tables:
     return Tables(
         G=G,
         skeleton=row_sk[keep],
-        features={name: np.array(choices, dtype=float)[row_choice[keep], j] for j, name in enumerate(MEMORY_FEATURES)},
+        features={name: choices[row_choice[keep], j] for j, name in enumerate(MEMORY_FEATURES)},
         objective=_floor(bound[keep] * G / TICK_S),
         memory=_floor(per_row(out["peak"])[keep] * G / MB),
         host=_floor(per_row(out["host"])[keep] * G / MB),
@@ -275,7 +271,7 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
             values = np.zeros(0)
     lower = proven * TICK_S / tb.G
     if objective == "e2e":
-        lower = _e2e_of_step(problem, lower) if lower > 0 else 0.0
+        lower = _e2e_of_step(problem, space, lower) if lower > 0 else 0.0
     if top is None:
         state = "infeasible" if complete else "unknown"
     else:
@@ -285,12 +281,8 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
     return SolveResult("cpsat", objective, state, values, top, clock.elapsed, evaluated, lower_bound=lower, space_size=space.size, stats=stats)
 
 
-def _e2e_of_step(problem: Problem, step_s: float) -> float:
-    """End-to-end time (eq. 43 with the eq.-44 interval) of a configuration with this step
-    time: increasing in it, so it maps a step-time bound to an end-to-end bound."""
-    ft = problem.fault_tolerance
-    rate = failure_rate_per_s(problem.cluster.num_nodes, ft.failure_rate_per_node_day)
-    save = checkpoint_save_s(problem)
-    step = np.array([max(step_s, 1e-9)])
-    interval = ft.checkpoint_interval if isinstance(ft.checkpoint_interval, int) else optimal_interval(step, rate, ft.mean_recovery_s, save, problem.search.max_interval)
-    return float(end_to_end_s(problem.training.total_steps, step, interval, rate, ft.mean_recovery_s, save, ft.first_init_s)[0])
+def _e2e_of_step(problem: Problem, space: SearchSpace, step_s: float) -> float:
+    """End-to-end time of a configuration with this step time (the problem's interval, or
+    eq. 44's): increasing in it, so it maps a step-time bound to an end-to-end bound."""
+    interval = np.array([space.interval()])
+    return float(reliability_of_step(problem, np.array([max(step_s, 1e-9)]), interval)[2][0])

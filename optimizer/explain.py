@@ -16,12 +16,11 @@ import numpy as np
 
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
+from costmodel.pipeline import split_layers
 from costmodel.rules import RULES, violations
 from costmodel.specs import Problem
 from costmodel.units import GB
-from optimizer.space import SKELETON_FIELDS, SKELETON_RULES, SearchSpace
-
-MEMORY_FEATURES = ("recompute", "activation_offload", "distributed_optimizer", "cpu_optimizer")
+from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SKELETON_RULES, SearchSpace
 
 
 def explain_infeasible(problem: Problem, space: SearchSpace | None = None) -> str:
@@ -38,8 +37,6 @@ def _no_layout(problem: Problem, space: SearchSpace) -> str:
     if grid.size == 0:
         return "the search section admits no value for some parallel degree"
     t, c, p, v, e, etp, mbs = grid.T
-    from costmodel.pipeline import split_layers
-
     first, last = split_layers(m.num_layers, p, v, "uneven")
     ef, el = split_layers(m.num_layers, p, v, "even")
     cfg = ConfigBatch.from_columns(G, tp=t, cp=c, pp=p, vp=v, ep=e, etp=etp, mbs=mbs,
@@ -61,15 +58,13 @@ def _no_layout(problem: Problem, space: SearchSpace) -> str:
 def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
     sk = space.skeletons
     G = problem.cluster.num_gpus
-    options = [space.recompute, space.flags["activation_offload"], space.flags["distributed_optimizer"], space.flags["cpu_optimizer"]]
-    combos = np.array([c for c in itertools.product(*options) if not (c[1] == 1 and c[0] != 0)], dtype=float)
+    combos = space.memory_choices
     n_sk, n_c = len(sk), len(combos)
     cols = {name: np.repeat(getattr(sk, name), n_c) for name in SKELETON_FIELDS}
     for j, name in enumerate(MEMORY_FEATURES):
         cols[name] = np.tile(combos[:, j], n_sk)
     cfg = ConfigBatch.from_columns(G, **cols)
-    pure_time = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap")  # no effect on memory
-    cfg = cfg.take(np.flatnonzero(space.viable(cfg, pure_time)))
+    cfg = cfg.take(np.flatnonzero(space.viable(cfg, PURE_TIME_FEATURES)))
     if not len(cfg):
         return "every combination of the allowed features breaks a feature rule (for example offload with recompute, or a forced feature that needs a larger parallel degree)"
     ev = evaluate(problem, cfg)

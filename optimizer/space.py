@@ -63,6 +63,10 @@ SWITCH_RULES = {
     "dp_overlap": ("dp_overlap_needs_dp",),
 }
 
+#: features that change memory, and the overlap switches that change only time
+MEMORY_FEATURES = ("recompute", "activation_offload", "distributed_optimizer", "cpu_optimizer")
+PURE_TIME_FEATURES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap")
+
 DEFAULT_MBS = (1, 2, 4, 8)
 MAX_VP = 32
 MIN_TOKENS_PER_CP_RANK = 1024
@@ -161,6 +165,14 @@ class SearchSpace:
         options = [self.recompute] + [self.flags[n] for n in FEATURES]
         rows = np.array(list(itertools.product(*options)), dtype=float)
         return {name: rows[:, i] for i, name in enumerate(names)}
+
+    @cached_property
+    def memory_choices(self) -> np.ndarray:
+        """Every allowed combination of MEMORY_FEATURES, one row each, without the ones
+        offload_excludes_recompute always rejects (the rules still run on every result)."""
+        options = [self.recompute] + [self.flags[n] for n in MEMORY_FEATURES[1:]]
+        rows = [c for c in itertools.product(*options) if not (c[1] == 1 and c[0] != 0)]
+        return np.array(rows, dtype=float).reshape(-1, len(MEMORY_FEATURES))
 
     @property
     def num_features(self) -> int:
