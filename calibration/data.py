@@ -6,11 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, ValidationError
 
+from costmodel.configs import RECOMPUTE_CODES
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
 from costmodel.loader import ProblemError, _describe, read_yaml
+from costmodel.rules import config_violations
 from costmodel.specs import ConfigSpec, Problem, Spec
+from costmodel.units import TFLOP
 
 Metric = Literal["iteration_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"]
 #: configuration fields a source may leave unstated
@@ -50,19 +54,15 @@ class Point:
         if m.metric == "iteration_time_s":
             return m.value
         if m.metric == "model_tflops_per_gpu":
-            return model_flops / (m.value * 1e12 * G)
+            return model_flops / (m.value * TFLOP * G)
         if m.metric == "mfu":
-            return model_flops / (m.value * p.hardware.peak(tr.dtypes.compute) * 1e12 * G)
+            return model_flops / (m.value * p.hardware.peak(tr.dtypes.compute) * TFLOP * G)
         if m.metric == "tokens_per_s_per_gpu":
             return tokens / (m.value * G)
         if m.metric == "hardware_tflops_per_gpu":
-            import numpy as np
-
-            from costmodel.configs import RECOMPUTE_CODES
-
             code = RECOMPUTE_CODES[p.config.recompute if p.config else "none"]
             extra = tokens * float(recompute_flops_per_token(p.model, tr.seq_len, np.array([code]))[0])
-            return (model_flops + extra) / (m.value * 1e12 * G)
+            return (model_flops + extra) / (m.value * TFLOP * G)
         raise ValueError(m.metric)
 
 
@@ -92,8 +92,6 @@ def load_point(path: str) -> Point:
         fld, message = _describe(exc)
         raise ProblemError(path, fld if exc.title == "Problem" else f"config.{fld}", message) from None
     if not unknown:  # fully stated: it must obey the rules now (resolved points obey them by search)
-        from costmodel.rules import config_violations
-
         broken = config_violations(problem, problem.config)
         if broken:
             raise ProblemError(path, f"config.{broken[0][0]}", broken[0][1])

@@ -21,6 +21,7 @@ from calibration.data import Point
 from calibration.resolve import resolve
 from costmodel.evaluate import evaluate
 from costmodel.specs import CalibrationStats, HardwareSpec
+from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
 
 #: knob -> (path in HardwareSpec, lower bound, upper bound)
 KNOBS: dict[str, tuple[tuple[str, ...], float, float]] = {
@@ -90,8 +91,6 @@ def starting_hardware(point: Point) -> HardwareSpec:
     """The point's GPU with the documented default efficiency when it is the preset carrying a
     shipped calibrated profile (calibration must not start from its own previous answer);
     otherwise as the point gives it (per-point overrides are kept)."""
-    from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
-
     hw = point.problem.hardware
     preset = HARDWARE.get(hw.name)
     if preset is not None and hw.efficiency == preset.efficiency and hw.name in DEFAULT_EFFICIENCY:

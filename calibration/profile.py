@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from costmodel.specs import EfficiencyProfile, HardwareSpec
+from pydantic import ValidationError
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "costmodel" / "presets" / "profiles"
 
@@ -39,8 +40,6 @@ def read_profile(path: str | Path) -> tuple[str, EfficiencyProfile]:
         raise ValueError(f"not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or "hardware" not in data or "efficiency" not in data:
         raise ValueError("not a calibrated profile (needs hardware and efficiency)")
-    from pydantic import ValidationError
-
     try:
         return data["hardware"], EfficiencyProfile.model_validate(data["efficiency"])
     except ValidationError as exc:

@@ -8,6 +8,7 @@ from costmodel.configs import ConfigBatch
 from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
 from calibration.data import Point
 from optimizer.exhaustive import solve_exhaustive
+from costmodel.pipeline import layout_name
 
 
 def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch, dict]:
@@ -56,6 +57,4 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
 
 
 def _layout_of(problem: Problem, spec: ConfigSpec, first: int, last: int) -> str:
-    from costmodel.pipeline import layout_name
-
     return layout_name(problem.model.num_layers, spec.pp, spec.vp, first, last)

@@ -129,7 +129,7 @@ def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
     `first_stage_layers`/`last_stage_layers` if given, else `layer_split` ('auto' picks even,
     then embedding_loss, then uneven -- the first the layer count admits); features as given;
     the interval defaults to the fault_tolerance section's."""
-    from costmodel.pipeline import SPLIT_MODES, split_layers
+    from costmodel.pipeline import SPLIT_MODES, split_layers  # here: pipeline imports ConfigBatch
 
     L = problem.model.num_layers
     if spec.first_stage_layers is not None or spec.last_stage_layers is not None:

@@ -14,6 +14,7 @@ from costmodel.arrays import divides, floor_div
 from costmodel.configs import ConfigBatch
 from costmodel.pipeline import split_ok
 from costmodel.specs import FEATURES, ConfigSpec, Problem
+from costmodel.configs import RECOMPUTE_CODES
 
 #: rule name -> (config field it is reported against, message)
 RULES: dict[str, tuple[str, str]] = {
@@ -100,8 +101,6 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
             forced |= value == 1
     out["feature_forced"] = forced
     allowed = np.zeros(len(cfg), bool)
-    from costmodel.configs import RECOMPUTE_CODES
-
     for mode in problem.features.recompute:
         allowed |= cfg.recompute == RECOMPUTE_CODES[mode]
     out["recompute_allowed"] = ~allowed

@@ -15,6 +15,8 @@ def _emit(obj, as_json: bool, text: str) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Each command imports what it needs when it runs: numpy, the model and OR-Tools stay out of
+# `mofa --help` and of the commands that do not use them.
 def cmd_evaluate(args) -> int:
     from costmodel.configs import ConfigBatch
     from costmodel.evaluate import evaluate
@@ -42,11 +44,11 @@ def _with_interval(problem, result: dict) -> dict:
 
 
 def cmd_ettr(args) -> int:
+    import math
+
     import numpy as np
 
     from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
-
-    import math
 
     for name in ("failure_rate", "repair_time", "save_time", "first_init", "step_time"):
         if not math.isfinite(getattr(args, name)):
