@@ -91,7 +91,7 @@ def cmd_solve(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(render_solve(problem, out))
-    return EXIT_INFEASIBLE if out["status"] == "infeasible" else 0
+    return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
 
 
 def _write_outputs(problem, out: dict, directory: str) -> None:

@@ -125,8 +125,13 @@ def render_solve(problem, out: dict) -> str:
     elif out["gap"] is not None:
         head += f" (gap {100 * out['gap']:.2f}% to the proven bound)"
     lines = [head, f"solved in {out['solve_time_s']:.2f} s, {out['evaluated']:,} exact evaluations, space of {out['space_size'] or 0:,} configurations", ""]
-    if out["status"] == "infeasible" or not out["top"]:
-        lines.append("no admissible configuration: " + (out.get("explanation") or "the time limit ran out before one was found"))
+    if out["status"] == "infeasible":
+        lines.append("no admissible configuration: " + (out.get("explanation") or "every candidate breaks a rule or does not fit"))
+        return "\n".join(lines)
+    if not out["top"]:
+        tables_s = (out.get("stats") or {}).get("tables_s")
+        took = f" (scoring this problem's tables alone took {tables_s:.1f} s)" if tables_s else ""
+        lines.append(f"no configuration found before the time limit{took}: allow more time with --time-limit")
         return "\n".join(lines)
     headers = ["#", "tp", "cp", "pp", "vp", "dp", "ep", "mbs", "features", "mem GB", "TFLOP/s", "T_step", "compute", "TP", "CP", "EP", "PP", "bubble", "DP", "update", "ETTR %", "interval", "E2E days"]
     rows = []

@@ -164,3 +164,22 @@ def test_compare_json():
     assert rows[0]["problem"] == problem and {"cpsat", "dfs", "exhaustive", "agree"} <= set(rows[0])
     assert rows[0]["agree"] is True  # the DFS did not finish; the finished methods agree
     assert rows[0]["cpsat"]["objective"] == rows[0]["exhaustive"]["objective"]
+
+
+def test_solve_that_runs_out_of_time_says_so_and_exits_1(monkeypatch, capsys):
+    """A time limit that expires before any configuration is scored: status unknown, a line
+    that says to allow more time (not "no admissible configuration"), exit code 1. The
+    search is replaced by its timed-out result so the test does not depend on machine speed."""
+    from mofa.cli import main
+    from optimizer import search
+    from optimizer.result import SolveResult
+
+    def timed_out(problem, method, objective=None, top_k=1, time_limit_s=None):
+        return SolveResult(method, objective or "step", "unknown", np.zeros(0), None, 0.5, 0, stats={"tables_s": 1.4})
+
+    monkeypatch.setattr(search, "solve", timed_out)
+    code = main(["solve", str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml"), "--time-limit", "0.5"])
+    text = capsys.readouterr().out
+    assert code == 1
+    assert "-> unknown" in text and "no configuration found before the time limit (scoring this problem's tables alone took 1.4 s)" in text
+    assert "no admissible configuration" not in text
