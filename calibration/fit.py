@@ -20,8 +20,8 @@ from scipy.optimize import least_squares
 from calibration.data import Point
 from calibration.resolve import resolve
 from costmodel.evaluate import evaluate
-from costmodel.specs import CalibrationStats, HardwareSpec
 from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
+from costmodel.specs import CalibrationStats, HardwareSpec
 
 #: knob -> (path in HardwareSpec, lower bound, upper bound)
 KNOBS: dict[str, tuple[tuple[str, ...], float, float]] = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from costmodel.specs import EfficiencyProfile, HardwareSpec
-from pydantic import ValidationError
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "costmodel" / "presets" / "profiles"
 

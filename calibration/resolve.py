@@ -4,11 +4,11 @@ well-tuned configuration), with the hardware profile being calibrated."""
 
 from __future__ import annotations
 
-from costmodel.configs import ConfigBatch
-from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
 from calibration.data import Point
-from optimizer.exhaustive import solve_exhaustive
+from costmodel.configs import ConfigBatch
 from costmodel.pipeline import layout_name
+from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
+from optimizer.exhaustive import solve_exhaustive
 
 
 def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch, dict]:

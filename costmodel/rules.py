@@ -11,10 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.arrays import divides, floor_div
-from costmodel.configs import ConfigBatch
+from costmodel.configs import RECOMPUTE_CODES, ConfigBatch
 from costmodel.pipeline import split_ok
 from costmodel.specs import FEATURES, ConfigSpec, Problem
-from costmodel.configs import RECOMPUTE_CODES
 
 #: rule name -> (config field it is reported against, message)
 RULES: dict[str, tuple[str, str]] = {
