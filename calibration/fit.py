@@ -81,10 +81,13 @@ class PointResult:
 
 
 def predict(point: Point, hw: HardwareSpec, configs: dict) -> tuple[float, bool]:
-    problem = point.problem.model_copy(update={"hardware": hw})
-    cfg = configs[point.name]
-    ev = evaluate(problem, cfg)
+    """(predicted step time, whether it fits in memory) of the point's configuration."""
+    ev = evaluate_point(point, hw, configs[point.name])
     return float(ev.step_time_s[0]), bool(ev.fits[0])
+
+
+def evaluate_point(point: Point, hw: HardwareSpec, cfg):
+    return evaluate(point.problem.model_copy(update={"hardware": hw}), cfg)
 
 
 def starting_hardware(point: Point) -> HardwareSpec:

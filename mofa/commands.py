@@ -218,7 +218,7 @@ def cmd_calibrate(args) -> int:
 
 def cmd_validate(args) -> int:
     from calibration.data import load_points
-    from calibration.fit import predict
+    from calibration.fit import evaluate_point
     from calibration.memory_checks import memory_checks
     from calibration.profile import read_profile, with_profile
     from calibration.resolve import resolve
@@ -239,13 +239,9 @@ def cmd_validate(args) -> int:
         if hw.name in profiles:
             hw = with_profile(hw, profiles[hw.name])
         cfg, chosen = resolve(point, hw)
-        pred, fits = predict(point, hw, {point.name: cfg})
+        ev = evaluate_point(point, hw, cfg)
+        pred, fits, tflops = float(ev.step_time_s[0]), bool(ev.fits[0]), float(ev.tflops_per_gpu[0])
         meas = point.step_time_s()
-        tokens = point.problem.training.global_batch_size * point.problem.training.seq_len
-        from costmodel.flops import model_flops_per_token
-
-        flops = tokens * model_flops_per_token(point.problem.model, point.problem.training.seq_len)
-        G = point.problem.cluster.num_gpus
         rows.append({
             "name": point.name,
             "hardware": hw.name,
@@ -254,8 +250,9 @@ def cmd_validate(args) -> int:
             "predicted_step_s": pred,
             "measured_step_s": meas,
             "error_pct": 100.0 * (pred / meas - 1.0),
-            "predicted_tflops_per_gpu": flops / (pred * G) / 1e12,
-            "measured_tflops_per_gpu": flops / (meas * G) / 1e12,
+            # both as evaluate counts model FLOPs (eq. 15): the same work over each step time
+            "predicted_tflops_per_gpu": tflops,
+            "measured_tflops_per_gpu": tflops * pred / meas,
             "fits_memory": fits,
             "resolved": chosen,
             "source": point.measured.source,

@@ -182,7 +182,9 @@ def render_validation(out: dict) -> str:
     rows = [[r["name"], r["hardware"], "yes" if r["fitted"] else "no", r["measured_step_s"], r["predicted_step_s"], f"{r['error_pct']:+.1f}",
              r["measured_tflops_per_gpu"], r["predicted_tflops_per_gpu"], ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
             for r in out["points"]]
-    lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas TFLOP/s", "pred TFLOP/s", "unknowns resolved"], rows, "lllrrrrrl"), ""]
+    lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas TFLOP/s", "pred TFLOP/s", "unknowns resolved"], rows, "lllrrrrrl"),
+             "TFLOP/s: model FLOPs per GPU as `mofa evaluate` counts them (full attention score matrix); a source's own figure may",
+             "count differently (its file's flops_convention), which is why a measured TFLOP/s here can differ from the published one.", ""]
     for name, s in out["per_hardware"].items():
         if s["points"]:
             loo = f", leave-one-out MAPE {s['loo_mape_pct']:.2f}%" if s["loo_mape_pct"] is not None else ""
