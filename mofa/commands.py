@@ -127,10 +127,9 @@ def _write_outputs(problem, out: dict, directory: str) -> None:
 
 def cmd_compare(args) -> int:
     from mofa.report import render_compare
+    from optimizer.result import ObjectiveError, check_objective
     from optimizer.search import solve
     from optimizer.space import SearchSpace
-
-    from optimizer.result import ObjectiveError, check_objective
 
     rows = []
     for path in args.problems:

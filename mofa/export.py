@@ -4,10 +4,9 @@ breaks a rule the framework enforces is never exported: `ExportError` says which
 
 from __future__ import annotations
 
-from costmodel.configs import ConfigBatch, RECOMPUTE_CODES
 from costmodel.pipeline import layout_name
-from costmodel.rules import RULES, violations
-from costmodel.specs import Problem
+from costmodel.rules import config_violations
+from costmodel.specs import ConfigSpec, Problem
 
 
 class ExportError(ValueError):
@@ -15,16 +14,9 @@ class ExportError(ValueError):
 
 
 def _check(problem: Problem, config: dict) -> None:
-    cols = {k: config[k] for k in ("tp", "cp", "pp", "vp", "ep", "etp", "mbs")}
-    cols["first_layers"] = config["first_stage_layers"]
-    cols["last_layers"] = config["last_stage_layers"]
-    cols["recompute"] = RECOMPUTE_CODES[config["recompute"]]
-    for name in ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "distributed_optimizer", "cpu_optimizer", "activation_offload"):
-        cols[name] = int(config[name])
-    cfg = ConfigBatch.from_columns(problem.cluster.num_gpus, **cols)
-    broken = [RULES[rule][1] for rule, bad in violations(problem, cfg).items() if bad[0] and rule not in ("feature_forced", "recompute_allowed")]
+    broken = config_violations(problem, ConfigSpec.model_validate(config))
     if broken:
-        raise ExportError(f"refusing to export a configuration Megatron would reject: {broken[0]}")
+        raise ExportError(f"refusing to export a configuration Megatron would reject: {broken[0][1]}")
 
 
 def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[str]]:
