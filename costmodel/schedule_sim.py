@@ -1,0 +1,384 @@
+"""Event-driven simulator of pipeline-parallel schedules: MoFa's digital twin of one step.
+
+The closed forms of `costmodel.pipeline` (Narayanan et al. 2021, MoFa eqs. 5 and 9-12) assume
+uniform ranks and count hops by phase; this module replays a schedule op by op instead, so it
+can check those forms and price what they do not cover (heterogeneous ranks, hop latency
+against chunk time, rounds of more than pp micro-batches).
+
+Schedules as per-rank operation lists (`schedule_ops`). Every schedule here is Megatron-LM's
+1F1B loop with a different warm-up count: rank r runs `warmup` forwards, then alternates one
+forward and one backward, then runs the remaining backwards. The k-th forward (backward) of a
+rank is the k-th virtual micro-batch of Megatron's interleaved order, `group` consecutive
+micro-batches per chunk before moving to the next chunk (backwards take the chunks last-first):
+    chunk = (k // group) % vp            (backward: vp - 1 - that)
+    micro-batch = (k // (group * vp)) * group + k % group
+and rank r's local chunk c is the global virtual stage c * pp + r.
+  * 1f1b: Megatron's non-interleaved schedule (forward_backward_pipelining_without_interleaving,
+    Narayanan et al. 2021 "PipeDream-Flush"): warm-up min(pp - r - 1, m).
+  * interleaved_1f1b: Megatron's forward_backward_pipelining_with_interleaving with `group` =
+    microbatch_group_size_per_vp_stage (default pp): warm-up
+    min((pp - r - 1) * 2 + (vp - 1) * group, m * vp).
+  * flexible: Llama 3's flexible PP (Chu et al., "Scaling Llama 3 Training with Efficient
+    Parallelism Strategies", ISCA'25, section 3.1.1): nc >= pp consecutive micro-batches per
+    round, warm-up (vp - 1) * nc + 2 * (pp - r - 1) -- Megatron's formula with group = nc.
+  * afab: all forwards, then all backwards (GPipe, Huang et al. 2019; with vp > 1 the "looped"
+    breadth-first order of Lamy-Poirier 2023 when group = m): warm-up m * vp.
+DualPipe / DualPipeV (DeepSeek) are not implemented: their step structure (two micro-batches
+overlapped in one step, deferred weight gradients popped from a queue) is not reproduced here
+from a verified copy of dualpipev.py, and a guessed schedule would be a wrong oracle. `Op` and
+`simulate` support split backward (B = input gradient, W = weight gradient) for such schedules.
+
+Simulation (`simulate`). Each rank runs its list strictly in order; an op starts at
+max(the rank is free, its inputs have arrived):
+    F(s, mb) needs F(s-1, mb);  B(s, mb) needs B(s+1, mb) and F(s, mb);  W(s, mb) needs B(s, mb),
+an input from another rank arriving hop_s after its producer finished. With asynchronous P2P
+(Megatron --overlap-p2p-communication) the sender goes on at once; with p2p_blocking the sender
+is also busy for hop_s after each op whose output leaves the rank. Because no rank reorders its
+list, the earliest-start times are the event times of a discrete-event simulation; ops are
+resolved in dependency order, and a cycle (a rank waiting on itself through others) is reported
+as a deadlock. Not modelled: contention between compute and communication, links shared by
+concurrent transfers, the rendezvous of blocking send/recv pairs, and the optimizer step.
+
+In flight: the stage micro-batches of a rank whose F has finished and whose B (input-gradient
+part) has not -- the activations the rank holds. Since a rank's count changes only when one of
+its own ops ends, the peak over time is the peak over its op list, the quantity of MoFa eq. 5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEDULES = ("1f1b", "interleaved_1f1b", "flexible", "afab")
+OP_KINDS = ("F", "B", "W")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation of a pipeline rank: the forward ("F"), backward ("B": the input-gradient
+    part, or the whole backward when the schedule does not split it) or weight-gradient ("W")
+    pass of global virtual stage `stage` (0..S-1 along the model) on micro-batch `microbatch`."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __post_init__(self):
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"Op kind must be one of {OP_KINDS}, got {self.kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+
+
+def _check_count(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def one_f_one_b_warmup(rank: int, pp: int, microbatches: int) -> int:
+    """Megatron's non-interleaved 1F1B: later ranks start their steady state sooner."""
+    return min(pp - rank - 1, microbatches)
+
+
+def interleaved_warmup(rank: int, pp: int, vp: int, group: int, microbatches: int) -> int:
+    """Forwards before the first backward in Megatron's interleaved 1F1B and in Llama 3's
+    flexible PP (group = nc); the two formulas are the same.
+
+    Megatron (get_pp_rank_microbatches): (pp - r - 1) * 2 + (vp - 1) * group, capped at m * vp.
+    Llama 3 ISCA'25 section 3.1.1 prints the flexible warm-up as (v - 1) * nc + 2 x (pp - ppr x v
+    - 1); that goes negative for ppr >= pp / v and agrees with Megatron's only at ppr = 0, so the
+    "x v" is a typo for (v - 1) * nc + 2 * (pp - ppr - 1), which is what is used here.
+    (Megatron releases before the microbatch-group option also ran all forwards first when
+    m == pp; the current formula, used here, does not special-case it.)"""
+    return min((pp - rank - 1) * 2 + (vp - 1) * group, microbatches * vp)
+
+
+def virtual_microbatch(k: int, vp: int, group: int) -> tuple[int, int]:
+    """(forward chunk, micro-batch) of a rank's k-th virtual micro-batch in the interleaved
+    order: `group` consecutive micro-batches on chunk 0, the same ones on chunk 1, ..., then the
+    next group."""
+    chunk = (k // group) % vp
+    microbatch = (k // (group * vp)) * group + k % group
+    return chunk, microbatch
+
+
+def _rank_ops(rank: int, pp: int, vp: int, microbatches: int, group: int, warmup: int) -> list[Op]:
+    """Megatron's 1F1B loop on one rank: `warmup` forwards, then one forward and one backward
+    at a time, then the remaining backwards."""
+    total = microbatches * vp
+
+    def forward(k: int) -> Op:
+        chunk, mb = virtual_microbatch(k, vp, group)
+        return Op("F", chunk * pp + rank, mb)
+
+    def backward(k: int) -> Op:
+        chunk, mb = virtual_microbatch(k, vp, group)
+        return Op("B", (vp - 1 - chunk) * pp + rank, mb)  # backwards walk the chunks in reverse
+
+    ops = [forward(k) for k in range(warmup)]
+    for i in range(total - warmup):
+        ops.append(forward(warmup + i))
+        ops.append(backward(i))
+    ops.extend(backward(k) for k in range(total - warmup, total))
+    return ops
+
+
+def schedule_ops(schedule: str, pp: int, vp: int, microbatches: int, group: int | None = None) -> list[list[Op]]:
+    """Ordered operations of each pipeline rank for a schedule (see the module docstring).
+
+    group: micro-batches per chunk before the next chunk -- Megatron's
+    microbatch_group_size_per_vp_stage for interleaved_1f1b and afab, Llama 3's nc for flexible;
+    default pp. Not used by 1f1b. With vp > 1 it must divide the micro-batches (Megatron's
+    get_schedule_table also accepts a shorter last group; not modelled here), and it must be
+    >= pp for interleaved_1f1b and flexible."""
+    _check_count("pp", pp)
+    _check_count("vp", vp)
+    _check_count("microbatches", microbatches)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+    m = microbatches
+
+    if schedule == "1f1b":
+        if vp != 1:
+            raise ValueError(f"1f1b is the non-interleaved schedule: vp must be 1, got vp={vp} (use interleaved_1f1b)")
+        if group is not None:
+            raise ValueError("group applies to interleaved_1f1b, flexible and afab, not to 1f1b")
+        return [_rank_ops(r, pp, 1, m, 1, one_f_one_b_warmup(r, pp, m)) for r in range(pp)]
+
+    group = pp if group is None else group
+    _check_count("group", group)
+    if schedule in ("interleaved_1f1b", "flexible") and vp < 2:
+        # Megatron runs the non-interleaved schedule without virtual stages; the interleaved
+        # warm-up at vp = 1 would hold pp - r - 1 more micro-batches than Megatron does.
+        raise ValueError(f"{schedule} needs vp >= 2 virtual stages per rank, got vp={vp} (use 1f1b)")
+    if schedule in ("interleaved_1f1b", "flexible") and group < pp:
+        # A round shorter than the ring of pp ranks can make a rank need a forward that waits
+        # on its own backward: pp=4, vp=2, m=8, group=2 deadlocks in this simulator.
+        raise ValueError(f"{schedule} needs group (nc) >= pp micro-batches per round, got group={group} < pp={pp}")
+    if vp > 1 and m % group != 0:
+        # the interleaved order walks whole groups; a partial group would skip micro-batches
+        raise ValueError(f"{schedule} needs microbatches divisible by group: m={m}, group={group}")
+
+    if schedule == "afab":
+        return [_rank_ops(r, pp, vp, m, group, m * vp) for r in range(pp)]
+    return [_rank_ops(r, pp, vp, m, group, interleaved_warmup(r, pp, vp, group, m)) for r in range(pp)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulation
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """What one simulated step did. Arrays indexed by rank; start_s / end_s hold one array per
+    rank aligned with that rank's op list (the timeline)."""
+
+    makespan_s: float
+    busy_s: np.ndarray  # computing (F, B, W)
+    idle_s: np.ndarray  # makespan - busy: the bubble, plus time blocked in sends
+    send_blocked_s: np.ndarray  # time blocked in sends (zero unless p2p_blocking)
+    peak_in_flight: np.ndarray  # chunk activations held at the peak (int)
+    start_s: tuple[np.ndarray, ...]
+    end_s: tuple[np.ndarray, ...]
+
+    @property
+    def bubble_ratio(self) -> np.ndarray:
+        """Idle over busy time per rank: Narayanan et al.'s t_pb / t_id, (pp - 1) / (m * vp)
+        for uniform chunks and no communication."""
+        return self.idle_s / self.busy_s
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each stage lives: rank and local chunk (the stage's index among its rank's
+    stages in model order), recovered from the op lists so that any placement works."""
+
+    rank_of_stage: tuple[int, ...]
+    chunk_of_stage: tuple[int, ...]
+    pp: int
+    vp: int
+
+
+def _layout(ops: list[list[Op]]) -> _Layout:
+    if not ops:
+        raise ValueError("ops must hold one op list per pipeline rank, got none")
+    rank_of: dict[int, int] = {}
+    for rank, rank_ops in enumerate(ops):
+        for op in rank_ops:
+            if rank_of.setdefault(op.stage, rank) != rank:
+                raise ValueError(f"stage {op.stage} appears on ranks {rank_of[op.stage]} and {rank}")
+    stages = len(rank_of)
+    if stages == 0:
+        raise ValueError("ops hold no operations")
+    if sorted(rank_of) != list(range(stages)):
+        raise ValueError(f"stages must be 0..S-1 without gaps, got {sorted(rank_of)}")
+    local = [sorted(s for s, r in rank_of.items() if r == rank) for rank in range(len(ops))]
+    if len({len(stages_here) for stages_here in local}) != 1:
+        raise ValueError(f"every rank must hold the same number of stages, got {[len(x) for x in local]}")
+    chunk_of = {s: c for stages_here in local for c, s in enumerate(stages_here)}
+    return _Layout(
+        tuple(rank_of[s] for s in range(stages)),
+        tuple(chunk_of[s] for s in range(stages)),
+        len(ops),
+        len(local[0]),
+    )
+
+
+def _check_complete(ops: list[list[Op]], stages: int) -> tuple[int, bool]:
+    """Every (stage, micro-batch) has exactly one F and one B, and one W for all or none.
+    Returns (micro-batches, whether backward is split)."""
+    seen: dict[str, set] = {kind: set() for kind in OP_KINDS}
+    for rank_ops in ops:
+        for op in rank_ops:
+            key = (op.stage, op.microbatch)
+            if key in seen[op.kind]:
+                raise ValueError(f"duplicate op {op}")
+            seen[op.kind].add(key)
+    microbatches = len(seen["F"]) // stages
+    expected = {(s, mb) for s in range(stages) for mb in range(microbatches)}
+    for kind in ("F", "B"):
+        if seen[kind] != expected:
+            raise ValueError(
+                f"{kind} ops must cover every stage 0..{stages - 1} x micro-batch 0..{microbatches - 1} once"
+            )
+    if seen["W"] and seen["W"] != expected:
+        raise ValueError("W ops must cover every (stage, micro-batch) once, or be absent")
+    return microbatches, bool(seen["W"])
+
+
+def _per_chunk_seconds(name: str, value, pp: int, vp: int) -> np.ndarray:
+    """A scalar or a 2-D array that broadcasts to [pp, vp]; a 1-D array is refused, since
+    broadcasting would read it per chunk even when it was meant per rank."""
+    array = np.asarray(value, dtype=float)
+    try:
+        if array.ndim not in (0, 2):
+            raise ValueError
+        array = np.broadcast_to(array, (pp, vp))
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a scalar or a [pp, vp] = [{pp}, {vp}] array (or [pp, 1], [1, vp]), got shape {array.shape}"
+        ) from None
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{name} must hold finite seconds >= 0")
+    return array
+
+
+def _inputs(op: Op, layout: _Layout, last_stage: int) -> list[tuple[tuple[str, int, int], bool]]:
+    """(producer key, crosses ranks) for each input of an op."""
+    here = layout.rank_of_stage[op.stage]
+    if op.kind == "F":
+        if op.stage == 0:
+            return []
+        return [(("F", op.stage - 1, op.microbatch), layout.rank_of_stage[op.stage - 1] != here)]
+    if op.kind == "B":
+        own_forward = (("F", op.stage, op.microbatch), False)
+        if op.stage == last_stage:  # the loss: the gradient starts from this stage's own forward
+            return [own_forward]
+        return [own_forward, (("B", op.stage + 1, op.microbatch), layout.rank_of_stage[op.stage + 1] != here)]
+    return [(("B", op.stage, op.microbatch), False)]
+
+
+def _sends(op: Op, layout: _Layout, last_stage: int) -> bool:
+    """Whether the op's output goes to another rank (F downstream, B upstream; W stays)."""
+    here = layout.rank_of_stage[op.stage]
+    if op.kind == "F":
+        return op.stage < last_stage and layout.rank_of_stage[op.stage + 1] != here
+    if op.kind == "B":
+        return op.stage > 0 and layout.rank_of_stage[op.stage - 1] != here
+    return False
+
+
+def _peak_in_flight(rank_ops: list[Op]) -> int:
+    held = peak = 0
+    for op in rank_ops:
+        if op.kind == "F":
+            held += 1
+            peak = max(peak, held)
+        elif op.kind == "B":
+            held -= 1
+    return peak
+
+
+def simulate(
+    ops: list[list[Op]], forward_s, backward_s, hop_s: float, weight_s=None, p2p_blocking: bool = False
+) -> SimResult:
+    """Replay per-rank op lists (from `schedule_ops` or built by hand) and time them.
+
+    forward_s, backward_s, weight_s: seconds of one micro-batch of local chunk c on rank r,
+    arrays [pp, vp] (or a scalar, [pp, 1], [1, vp]; heterogeneous ranks allowed).
+    backward_s is the input-gradient part when the ops split backward into B and W, then
+    weight_s is required; otherwise it is the whole backward. hop_s: one point-to-point
+    activation (or gradient) transfer between ranks. p2p_blocking: the sender is busy for hop_s
+    after each op whose output leaves the rank (Megatron without --overlap-p2p-communication)."""
+    layout = _layout(ops)
+    pp, vp, last_stage = layout.pp, layout.vp, len(layout.rank_of_stage) - 1
+    _, split_backward = _check_complete(ops, last_stage + 1)
+    if split_backward and weight_s is None:
+        raise ValueError("the ops split backward into B and W: give weight_s")
+    if weight_s is not None and not split_backward:
+        raise ValueError("weight_s given but the ops have no W: backward_s is the whole backward")
+    seconds = {
+        "F": _per_chunk_seconds("forward_s", forward_s, pp, vp),
+        "B": _per_chunk_seconds("backward_s", backward_s, pp, vp),
+    }
+    if split_backward:
+        seconds["W"] = _per_chunk_seconds("weight_s", weight_s, pp, vp)
+    hop_s = float(hop_s)
+    if not np.isfinite(hop_s) or hop_s < 0:
+        raise ValueError(f"hop_s must be finite seconds >= 0, got {hop_s}")
+
+    # Per op, once: duration, inputs, and how long the rank stays blocked sending its output.
+    plans = []
+    for rank, rank_ops in enumerate(ops):
+        plan = []
+        for op in rank_ops:
+            duration = float(seconds[op.kind][rank, layout.chunk_of_stage[op.stage]])
+            send_s = hop_s if p2p_blocking and _sends(op, layout, last_stage) else 0.0
+            plan.append(((op.kind, op.stage, op.microbatch), duration, _inputs(op, layout, last_stage), send_s))
+        plans.append(plan)
+
+    end_of: dict[tuple[str, int, int], float] = {}
+    starts = [np.empty(len(p)) for p in plans]
+    ends = [np.empty(len(p)) for p in plans]
+    free_s = [0.0] * pp
+    blocked_s = np.zeros(pp)
+    next_op = [0] * pp
+    remaining = sum(len(p) for p in plans)
+    while remaining:
+        progressed = False
+        for rank, plan in enumerate(plans):
+            i = next_op[rank]
+            while i < len(plan):
+                key, duration, inputs, send_s = plan[i]
+                if any(producer not in end_of for producer, _ in inputs):
+                    break  # wait for another rank; revisit on the next sweep
+                arrival_s = max((end_of[p] + (hop_s if crosses else 0.0) for p, crosses in inputs), default=0.0)
+                start = max(free_s[rank], arrival_s)
+                end = start + duration
+                starts[rank][i], ends[rank][i] = start, end
+                end_of[key] = end
+                free_s[rank] = end + send_s
+                blocked_s[rank] += send_s
+                i += 1
+            if i > next_op[rank]:
+                remaining -= i - next_op[rank]
+                next_op[rank] = i
+                progressed = True
+        if not progressed:
+            waiting = {r: ops[r][next_op[r]] for r in range(pp) if next_op[r] < len(ops[r])}
+            raise ValueError(f"schedule deadlocks: each waiting rank's next op needs an op that cannot run: {waiting}")
+
+    busy = np.array([sum(d for _, d, _, _ in plan) for plan in plans])
+    makespan = max(free_s)
+    return SimResult(
+        makespan_s=makespan,
+        busy_s=busy,
+        idle_s=makespan - busy,
+        send_blocked_s=blocked_s,
+        peak_in_flight=np.array([_peak_in_flight(rank_ops) for rank_ops in ops]),
+        start_s=tuple(starts),
+        end_s=tuple(ends),
+    )
