@@ -2,8 +2,11 @@
 
     python bench/bench_evaluate.py [--configs 1000000] [--chunk 65536]
 
-Scores random configurations (every feature toggled at random, parallel degrees drawn from
-their admissible sets) of shipped problems on one core and prints configurations per second.
+Scores random configurations of shipped problems on one core and prints configurations per
+second, twice: with Megatron's switches only (ZeRO-0/1, Megatron's schedules, ring CP: the
+space the model had before issue 7, for comparison) and with every choice drawn at random
+(ZeRO-0..3 with resharding and HSDP, every schedule, every CP variant, recompute granularity
+and fine-grained offload).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ PROBLEMS = [
 ]
 
 
-def random_batch(problem, n: int, rng) -> ConfigBatch:
+def random_batch(problem, n: int, rng, every_feature: bool = False) -> ConfigBatch:
     G = problem.cluster.num_gpus
     pick = lambda values: rng.choice(np.array(values), n)
     cols = dict(
@@ -56,12 +59,25 @@ def random_batch(problem, n: int, rng) -> ConfigBatch:
     for name in FEATURES:
         cols[name] = pick([0, 1])
     cols["interval"] = pick([0, 10])
+    cols["zero_stage"] = pick([0, 1])
+    if every_feature:
+        cols["zero_stage"] = pick([0, 1, 2, 3])
+        cols["reshard_after_forward"] = (cols["zero_stage"] == 3) * pick([0, 1])
+        cols["dp_shard"] = (cols["zero_stage"] >= 1) * pick([0, 2])
+        schedules = np.where(cols["vp"] > 1, pick([1, 2, 3]), pick([0, 3]))
+        cols["pp_schedule"] = np.where(cols["pp"] > 1, schedules, 0)
+        cols["pp_group"] = np.where(cols["pp_schedule"] == 2, 2 * cols["pp"], 0)
+        cols["cp_comm"] = np.where(cols["cp"] > 1, pick([0, 1, 2]), 0)
+        cols["recompute_modules"] = np.where(cols["recompute"] == 1, pick([1, 3, 5]), 0)
+        cols["recompute_method"] = (cols["recompute"] == 2) * pick([0, 1])
+        cols["recompute_layers"] = (cols["recompute"] == 2) * 1
+        cols["activation_offload"] = (cols["recompute"] == 0) * pick([0, 1, 2 | 8])
     return ConfigBatch.from_columns(G, **cols)
 
 
-def throughput(path: str, n: int, chunk: int, rng) -> float:
+def throughput(path: str, n: int, chunk: int, rng, every_feature: bool) -> float:
     problem = load_problem(os.path.join(ROOT, path))
-    batches = [random_batch(problem, min(chunk, n - i), rng) for i in range(0, n, chunk)]
+    batches = [random_batch(problem, min(chunk, n - i), rng, every_feature) for i in range(0, n, chunk)]
     evaluate(problem, batches[0])  # warm up
     start = time.perf_counter()
     for b in batches:
@@ -78,9 +94,11 @@ def main() -> None:
     tuned = tune_allocator()
     print(f"allocator tuned for large temporaries: {tuned}")
     print(f"exact model, one core, batches of {args.chunk:,}")
-    for path in PROBLEMS:
-        rate = throughput(path, args.configs, args.chunk, rng)
-        print(f"  {os.path.basename(path):45s} {rate:>12,.0f} configurations/s")
+    for every_feature in (False, True):
+        print("  every choice at random:" if every_feature else "  Megatron's switches (the pre-issue-7 space):")
+        for path in PROBLEMS:
+            rate = throughput(path, args.configs, args.chunk, rng, every_feature)
+            print(f"    {os.path.basename(path):43s} {rate:>12,.0f} configurations/s")
     cmd = [sys.executable, "-m", "mofa", "evaluate", os.path.join(ROOT, PROBLEMS[0]), "--json"]
     times = []
     for _ in range(5):

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from pydantic import Field, ValidationError
 
-from costmodel.configs import RECOMPUTE_CODES
+from costmodel.configs import ConfigBatch
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
 from costmodel.loader import ProblemError, _describe, read_yaml
 from costmodel.rules import config_violations
@@ -60,8 +59,8 @@ class Point:
         if m.metric == "tokens_per_s_per_gpu":
             return tokens / (m.value * G)
         if m.metric == "hardware_tflops_per_gpu":
-            code = RECOMPUTE_CODES[p.config.recompute if p.config else "none"]
-            extra = tokens * float(recompute_flops_per_token(p.model, tr.seq_len, np.array([code]))[0])
+            cfg = ConfigBatch.from_specs(p, [p.config or ConfigSpec()])
+            extra = tokens * float(recompute_flops_per_token(p.model, tr.seq_len, cfg)[0])
             return (model_flops + extra) / (m.value * TFLOP * G)
         raise ValueError(m.metric)
 

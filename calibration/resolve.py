@@ -35,6 +35,29 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
     for name in FEATURES:
         features[name] = "allowed" if name in point.unknown else ("on" if getattr(known, name) else "off")
     features["recompute"] = ["none", "selective", "full"] if "recompute" in point.unknown else [known.recompute]
+    features["zero_stage"] = [known.zero_stage]
+    features["activation_offload"] = "on" if known.activation_offload else "off"
+    reshard = known.reshard_after_forward if known.reshard_after_forward is not None else True
+    features["fsdp_reshard_after_forward"] = "on" if reshard else "off"
+    search["activation_offload"] = [known.activation_offload if known.activation_offload is not True else "layer"]
+    search["cp_comm"] = [known.cp_comm]
+    if known.cp_a2a:
+        search["cp_a2a"] = [known.cp_a2a]
+    if known.dp_shard:
+        search["dp_shard"] = [known.dp_shard]
+    if known.recompute == "selective":
+        search["recompute_modules"] = [known.recompute_modules or ["core_attn"]]
+    if known.recompute == "full" and known.recompute_method == "block" and known.recompute_num_layers:
+        search["recompute_block_layers"] = [known.recompute_num_layers]
+    schedule = known.pp_schedule
+    if schedule is not None:
+        search["pp_schedule"] = [schedule]
+        if known.pp_group:
+            search["pp_group"] = [known.pp_group]
+    elif "vp" in point.unknown:
+        search["pp_schedule"] = ["1f1b", "interleaved_1f1b"]  # Megatron's, by vp
+    else:
+        search["pp_schedule"] = ["interleaved_1f1b" if known.vp > 1 else "1f1b"]
     sub = problem.model_copy(update={
         "config": None,
         "search": problem.search.model_copy(update=search),
@@ -45,7 +68,7 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
     if result.top_configs is None:
         # the run happened, so it fitted; our memory estimate disagrees. Take the fastest
         # admissible choice regardless of memory and say so.
-        roomy = sub.hardware.model_copy(update={"memory_gb": 1e9, "host_memory_gb_per_node": 1e12})
+        roomy = sub.hardware.model_copy(update={"memory_mib": 2**40, "host_memory_gb_per_node": 1e12})
         result = solve_exhaustive(sub.model_copy(update={"hardware": roomy}), "step", 1)
         note = {"memory": "no choice fits the model's memory estimate; the fastest is scored"}
         if result.top_configs is None:

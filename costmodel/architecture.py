@@ -65,6 +65,7 @@ class Gemm:
     k: np.ndarray
     kind: str = "gemm"  # "gemm" or "grouped_gemm"
     count: np.ndarray | float = 1.0  # GEMMs of this shape (grouped GEMM: local experts)
+    modules: tuple[str, ...] = ()  # recompute modules whose recompute re-runs it
 
     @property
     def flops(self) -> np.ndarray:
@@ -72,19 +73,68 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class MemoryOp:
+    """A memory-bound kernel (norm, activation function, rotary, residual add, permute)."""
+
+    name: str
+    bytes: np.ndarray
+    modules: tuple[str, ...] = ()
+    kernels: float = 1.0
+
+
+@dataclass(frozen=True)
+class SavedTag:
+    """Who owns a tensor kept for the backward pass: the Megatron module whose fine-grained
+    offload moves it to the host, and the recompute modules whose recompute discards it."""
+
+    offload: str | None
+    dropped_by: tuple[str, ...] = ()
+
+
+#: the module of each saved tensor (see the module docstring's ledger)
+SAVED_TAGS: dict[str, SavedTag] = {
+    "layer_input": SavedTag("attn_norm"),
+    "qkv_input": SavedTag("qkv_linear", ("layernorm",)),
+    "q_down_out": SavedTag("qkv_linear"),
+    "kv_down_out": SavedTag("qkv_linear"),
+    "q": SavedTag("core_attn", ("mla_up_proj",)),
+    "k": SavedTag("core_attn", ("mla_up_proj",)),
+    "v": SavedTag("core_attn", ("mla_up_proj",)),
+    "softmax_stats": SavedTag("core_attn", ("core_attn",)),
+    "softmax_out": SavedTag("core_attn", ("core_attn",)),
+    "attn_dropout_mask": SavedTag("core_attn", ("core_attn",)),
+    "attn_dropout_out": SavedTag("core_attn", ("core_attn",)),
+    "attn_out": SavedTag("attn_proj"),
+    "attn_proj_dropout_mask": SavedTag("attn_proj"),
+    "ln2_input": SavedTag("mlp_norm"),
+    "mlp_input": SavedTag("mlp_norm", ("layernorm",)),
+    "fc1_out": SavedTag(None, ("mlp",)),
+    "act_out": SavedTag(None, ("mlp",)),
+    "mlp_dropout_mask": SavedTag(None),
+    "router_input": SavedTag("mlp_norm", ("layernorm",)),
+    "router_logits": SavedTag(None, ("moe",)),
+    "expert_input": SavedTag("expert_fc1", ("moe",)),
+    "expert_fc1_out": SavedTag("moe_act", ("moe",)),
+    "expert_act_out": SavedTag(None, ("moe_act", "moe")),
+    "expert_output": SavedTag(None, ("moe",)),
+    "shared_fc1_out": SavedTag(None, ("shared_experts", "moe")),
+    "shared_act_out": SavedTag(None, ("shared_experts", "moe")),
+}
+
+
+@dataclass(frozen=True)
 class LayerWork:
     """Forward work of one layer on one GPU for one micro-batch."""
 
     gemms: list[Gemm]
-    attention_flops_hw: np.ndarray  # core attention kernel work (causal-aware)
-    attention_unfused_bytes: np.ndarray  # softmax/dropout traffic of unfused attention
-    memory_bytes: np.ndarray  # norms, residual adds, activation functions, rope, permutes
+    memory_ops: list[MemoryOp]
+    attention_flops_hw: np.ndarray  # core attention kernel work (causal-aware, one document per sequence)
     tp_bytes: list[tuple[str, np.ndarray, str]]  # (collective, full-buffer bytes, paired GEMM)
     cp_bytes: np.ndarray  # K/V block exchanged per ring step (one rank's share)
+    cp_a2a_bytes: np.ndarray  # Ulysses: q, k, v and the output one rank holds, all-to-all'd
     ep_a2a_bytes: np.ndarray  # bytes one rank sends in one all-to-all (dispatch or combine)
     etp_bytes: np.ndarray  # full-buffer bytes of the expert-TP all-gather (and reduce-scatter)
-    saved: dict[str, np.ndarray]  # tensor name -> bytes kept for backward
-    core_attention_saved: tuple[str, ...]  # names dropped by selective recompute
+    saved: dict[str, np.ndarray]  # tensor name -> bytes kept for backward (tags: SAVED_TAGS)
     params_local: np.ndarray  # parameters this GPU holds for the layer
     expert_params_local: np.ndarray = field(default_factory=lambda: np.zeros(1))
 
@@ -97,8 +147,20 @@ class LayerWork:
         """The layer input, the only tensor full recompute keeps (eq. 31's M^input)."""
         return self.saved["layer_input"]
 
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        return sum(op.bytes for op in self.memory_ops)
+
+    def saved_dropped_by(self, module: str) -> np.ndarray:
+        """Bytes the recompute of `module` discards (and re-creates in the backward)."""
+        return sum((v for k, v in self.saved.items() if module in SAVED_TAGS[k].dropped_by), 0.0 * self.input_bytes)
+
+    def saved_offloaded_by(self, module: str) -> np.ndarray:
+        return sum((v for k, v in self.saved.items() if SAVED_TAGS[k].offload == module), 0.0 * self.input_bytes)
+
     def saved_without_core_attention(self) -> np.ndarray:
-        return sum(v for k, v in self.saved.items() if k not in self.core_attention_saved)
+        """Selective recompute of the attention core (Korthikanti et al. section 5)."""
+        return self.saved_bytes - self.saved_dropped_by("core_attn")
 
 
 def attention_dims(m: ModelSpec) -> tuple[int, int, int, int]:
@@ -182,7 +244,8 @@ def total_params(m: ModelSpec) -> int:
 
 
 def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
-    """Operators, communication and saved tensors of the attention half of a layer."""
+    """Operators, communication and saved tensors of the attention half of a layer (and the
+    norm that follows it)."""
     h, s = m.hidden_size, tr.seq_len
     t, T, Tsp = sh.t, sh.tokens, sh.tokens_sp
     a, kv, dqk, dv = attention_dims(m)
@@ -193,22 +256,22 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
 
     gemms: list[Gemm] = []
     saved: dict[str, np.ndarray] = {"layer_input": D * Tsp * h}  # norm input (residual stream)
-    memory = 2 * D * Tsp * h  # norm read + write
+    ops = [MemoryOp("input_norm", 2 * D * Tsp * h, ("layernorm",))]  # norm read + write
     if m.mla is not None:
         mla = m.mla
         # down projections are replicated over TP and see the gathered tokens (Megatron-Core MLA)
         if mla.q_lora_rank:
             gemms.append(Gemm("q_down", T, np.full_like(T, mla.q_lora_rank), np.full_like(T, h)))
-            gemms.append(Gemm("q_up", T, a_t * dqk, np.full_like(T, mla.q_lora_rank)))
+            gemms.append(Gemm("q_up", T, a_t * dqk, np.full_like(T, mla.q_lora_rank), modules=("mla_up_proj",)))
             saved["q_down_out"] = D * T * mla.q_lora_rank * 2  # down-proj output and its norm
-            memory = memory + 2 * D * T * mla.q_lora_rank
+            ops.append(MemoryOp("q_norm", 2 * D * T * mla.q_lora_rank))
         else:
             gemms.append(Gemm("q_proj", T, a_t * dqk, np.full_like(T, h)))
         kv_down = mla.kv_lora_rank + mla.qk_rope_head_dim
         gemms.append(Gemm("kv_down", T, np.full_like(T, kv_down), np.full_like(T, h)))
-        gemms.append(Gemm("kv_up", T, a_t * (mla.qk_nope_head_dim + dv), np.full_like(T, mla.kv_lora_rank)))
+        gemms.append(Gemm("kv_up", T, a_t * (mla.qk_nope_head_dim + dv), np.full_like(T, mla.kv_lora_rank), modules=("mla_up_proj",)))
         saved["kv_down_out"] = D * T * (kv_down + mla.kv_lora_rank)
-        memory = memory + 2 * D * T * mla.kv_lora_rank
+        ops.append(MemoryOp("kv_norm", 2 * D * T * mla.kv_lora_rank))
         first_gemm = "q_down" if mla.q_lora_rank else "q_proj"
     else:
         gemms.append(Gemm("qkv", T, (a_t + 2 * kv_t) * dqk, np.full_like(T, h)))
@@ -218,86 +281,73 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
     saved["q"] = D * T * a_t * dqk
     saved["k"] = D * T * kv_t * dqk
     saved["v"] = D * T * kv_t * dv
-    memory = memory + 2 * D * T * (a_t + kv_t) * dqk  # rotary embedding on q, k
+    ops.append(MemoryOp("rotary", 2 * D * T * (a_t + kv_t) * dqk, kernels=2.0))  # on q and k
 
     full_attn = 2.0 * T * s * a_t * (dqk + dv)  # QK^T and AV over the whole score matrix
     scores = T * s * a_t  # score-matrix elements this GPU holds (unfused)
     if flash:
         attention_hw = full_attn * causal
-        unfused_bytes = np.zeros_like(T)
         saved["softmax_stats"] = 4 * T * a_t  # fp32 log-sum-exp
-        core = ()
     else:
         attention_hw = full_attn
         saved["softmax_out"] = D * scores
-        core = ("softmax_out",)
-        unfused_bytes = 3 * D * scores  # write scores, softmax read + write
+        ops.append(MemoryOp("softmax", 3 * D * scores, ("core_attn",)))  # write scores, softmax read + write
         if m.dropout:
             saved["attn_dropout_mask"] = 1.0 * scores
             saved["attn_dropout_out"] = D * scores
-            core = core + ("attn_dropout_mask", "attn_dropout_out")
-            unfused_bytes = unfused_bytes + 3 * D * scores
+            ops.append(MemoryOp("attention_dropout", 3 * D * scores, ("core_attn",)))
     saved["attn_out"] = D * T * a_t * dv  # output-projection input
     gemms.append(Gemm("o_proj", T, np.full_like(T, h), a_t * dv))
-    memory = memory + 3 * D * Tsp * h  # residual add
+    ops.append(MemoryOp("attention_residual", 3 * D * Tsp * h))
     if m.dropout:
         saved["attn_proj_dropout_mask"] = 1.0 * Tsp * h
-        memory = memory + 3 * D * Tsp * h
+        ops.append(MemoryOp("attention_output_dropout", 3 * D * Tsp * h))
     saved["ln2_input"] = D * Tsp * h
-    memory = memory + 2 * D * Tsp * h  # second norm
+    ops.append(MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)))
 
     split, replicated = attention_params(m)
     params = split / t + replicated + 2 * h
     tp = [("ag", D * T * h, first_gemm), ("rs", D * T * h, "o_proj")]
     cp_block = D * T * kv_t * (dqk + dv)  # this rank's K and V, sent around the CP ring
-    return dict(
-        gemms=gemms,
-        attention_hw=attention_hw,
-        unfused_bytes=unfused_bytes,
-        memory=memory,
-        saved=saved,
-        core=core,
-        params=params,
-        tp=tp,
-        cp_block=cp_block,
-    )
+    cp_a2a = D * T * (a_t * (dqk + dv) + kv_t * (dqk + dv))  # Ulysses: q, k, v in and the output back
+    return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a)
 
 
-def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str):
+def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str, modules: tuple[str, ...]):
     """A (possibly TP-sharded) MLP on `tokens` tokens: GEMMs, saved tensors, activation traffic."""
     h = m.hidden_size
     gated = m.activation == "swiglu"
     fc1_out = (2 if gated else 1) * ffn_local
-    gemms = [Gemm(f"{prefix}fc1", tokens, fc1_out, np.full_like(tokens, h)), Gemm(f"{prefix}fc2", tokens, np.full_like(tokens, h), ffn_local)]
+    gemms = [Gemm(f"{prefix}fc1", tokens, fc1_out, np.full_like(tokens, h), modules=modules),
+             Gemm(f"{prefix}fc2", tokens, np.full_like(tokens, h), ffn_local, modules=modules)]
     saved = {f"{prefix}fc1_out": D * tokens * fc1_out, f"{prefix}act_out": D * tokens * ffn_local}
-    memory = D * tokens * (fc1_out + ffn_local)  # activation function: read fc1 output, write result
-    return gemms, saved, memory
+    act = MemoryOp(f"{prefix}activation", D * tokens * (fc1_out + ffn_local), modules)  # read fc1 output, write result
+    return gemms, saved, act
 
 
 def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
     at = attention_block(m, tr, sh, D)
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
-    gemms, saved_mlp, memory_mlp = _mlp(m, m.ffn_hidden_size / t, T, D, "")
+    gemms, saved_mlp, act = _mlp(m, m.ffn_hidden_size / t, T, D, "", ("mlp",))
     saved = dict(at["saved"])
     saved["mlp_input"] = D * Tsp * h
     saved.update(saved_mlp)
-    memory = at["memory"] + memory_mlp + 3 * D * Tsp * h  # + residual add
+    ops = at["ops"] + [act, MemoryOp("mlp_residual", 3 * D * Tsp * h)]
     if m.dropout:
         saved["mlp_dropout_mask"] = 1.0 * Tsp * h
-        memory = memory + 3 * D * Tsp * h
+        ops.append(MemoryOp("mlp_dropout", 3 * D * Tsp * h))
     tp = at["tp"] + [("ag", D * T * h, "fc1"), ("rs", D * T * h, "fc2")]
     zero = np.zeros_like(T)
     return LayerWork(
         gemms=at["gemms"] + gemms,
+        memory_ops=ops,
         attention_flops_hw=at["attention_hw"],
-        attention_unfused_bytes=at["unfused_bytes"],
-        memory_bytes=memory,
         tp_bytes=tp,
         cp_bytes=at["cp_block"],
+        cp_a2a_bytes=at["cp_a2a"],
         ep_a2a_bytes=zero,
         etp_bytes=zero,
         saved=saved,
-        core_attention_saved=at["core"],
         params_local=at["params"] + mlp_params(m, m.ffn_hidden_size) / t,
         expert_params_local=zero,
     )
@@ -327,28 +377,30 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
     saved["router_input"] = D * Tsp * h
     saved["router_logits"] = D * Tsp * x.num_experts
     gemms = list(at["gemms"])
-    gemms.append(Gemm("router", Tsp, np.full_like(T, x.num_experts), np.full_like(T, h)))
+    gemms.append(Gemm("router", Tsp, np.full_like(T, x.num_experts), np.full_like(T, h), modules=("moe",)))
     gated = m.activation == "swiglu"
     fc1_out = (2 if gated else 1) * ffn_local
     per_expert = recv / E_local
-    gemms.append(Gemm("expert_fc1", per_expert, fc1_out, np.full_like(T, h), "grouped_gemm", E_local))
-    gemms.append(Gemm("expert_fc2", per_expert, np.full_like(T, h), ffn_local, "grouped_gemm", E_local))
+    gemms.append(Gemm("expert_fc1", per_expert, fc1_out, np.full_like(T, h), "grouped_gemm", E_local, ("moe",)))
+    gemms.append(Gemm("expert_fc2", per_expert, np.full_like(T, h), ffn_local, "grouped_gemm", E_local, ("moe",)))
     saved["expert_input"] = D * recv * h
     saved["expert_fc1_out"] = D * recv * fc1_out
     saved["expert_act_out"] = D * recv * ffn_local
     saved["expert_output"] = D * recv * h
-    memory = at["memory"] + D * recv * (fc1_out + ffn_local)  # activation function
-    memory = memory + 4 * D * recv * h  # permute and unpermute (read + write each)
-    memory = memory + 3 * 4 * Tsp * x.num_experts  # fp32 router softmax / top-k
-    memory = memory + 3 * D * Tsp * h  # residual add
+    ops = at["ops"] + [
+        MemoryOp("expert_activation", D * recv * (fc1_out + ffn_local), ("moe_act", "moe")),
+        MemoryOp("permute", 4 * D * recv * h, ("moe",), kernels=2.0),  # permute and unpermute (read + write each)
+        MemoryOp("router_softmax", 3 * 4 * Tsp * x.num_experts, ("moe",)),  # fp32 softmax / top-k
+        MemoryOp("mlp_residual", 3 * D * Tsp * h),
+    ]
 
     tp = list(at["tp"])
     if x.num_shared_experts:
         shared_ffn = x.num_shared_experts * x.shared_ffn / t
-        g, sv, mem = _mlp(m, shared_ffn, T, D, "shared_")
+        g, sv, act = _mlp(m, shared_ffn, T, D, "shared_", ("shared_experts", "moe"))
         gemms += g
         saved.update(sv)
-        memory = memory + mem
+        ops.append(act)
         tp += [("ag", D * T * h, "shared_fc1"), ("rs", D * T * h, "shared_fc2")]
 
     expert_params = x.num_experts * mlp_params(m, x.expert_ffn_hidden_size) / (sh.e * sh.etp)
@@ -357,15 +409,14 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
     etp_bytes = np.where(sh.etp > 1, D * recv * h, 0.0)
     return LayerWork(
         gemms=gemms,
+        memory_ops=ops,
         attention_flops_hw=at["attention_hw"],
-        attention_unfused_bytes=at["unfused_bytes"],
-        memory_bytes=memory,
         tp_bytes=tp,
         cp_bytes=at["cp_block"],
+        cp_a2a_bytes=at["cp_a2a"],
         ep_a2a_bytes=np.where(sh.e > 1, a2a, 0.0),
         etp_bytes=etp_bytes,
         saved=saved,
-        core_attention_saved=at["core"],
         params_local=dense_params + expert_params,
         expert_params_local=expert_params,
     )

@@ -16,19 +16,24 @@ import numpy as np
 from costmodel import architecture as arch
 from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
-from costmodel.configs import ConfigBatch
+from costmodel.configs import CP_COMM_CODES, PP_SCHEDULE_CODES, ConfigBatch
+from costmodel.documents import attention_factor
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
-from costmodel.memory import MEMORY_KEYS, rank_memory
+from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, nccl_and_context, rank_memory, rank_params
 from costmodel.network import Network
-from costmodel.pipeline import in_flight, pipeline_time, rank_classes
+from costmodel.pipeline import grad_windows, in_flight, pipeline_time, rank_classes
 from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import Problem
-from costmodel.units import DTYPE_BYTES, GB, TFLOP
-from costmodel.update import optimizer_time
+from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP
+from costmodel.update import optimizer_time, window_traffic, zero3_gathers
 
-BREAKDOWN_KEYS = ("compute", "recompute", "tp", "cp", "ep", "pp", "bubble", "dp", "update", "offload")
+#: step-time ledger: per-micro-batch terms of the pacing rank (times the micro-batches), then the
+#: pipeline's own terms, then the step-level ones; fsdp = ZeRO-3 parameter gathers and ZeRO-2/3
+#: gradient reduce-scatters inside the pipeline, dp = the step-level reduction and gathers
+BREAKDOWN_KEYS = ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload", "pp", "bubble", "dp", "update")
+
 RANK_NAMES = ("first", "middle", "last")
 
 
@@ -41,6 +46,7 @@ class Evaluation:
     memory_bytes: dict[str, np.ndarray]  # worst rank's ledger, MEMORY_KEYS + 'peak'
     worst_rank: np.ndarray  # 0 first, 1 middle, 2 last
     fits: np.ndarray
+    capacity_bytes: int
     host_bytes: np.ndarray
     host_fits: np.ndarray
     microbatches: np.ndarray
@@ -65,7 +71,9 @@ class Evaluation:
             "config": cfg.row(i),
             "step_time_s": float(self.step_time_s[i]),
             "breakdown_s": {k: float(v[i]) for k, v in self.breakdown_s.items()},
-            "memory_gb": {k: float(v[i]) / GB for k, v in self.memory_bytes.items()},
+            "memory_bytes": {k: int(round(float(v[i]))) for k, v in self.memory_bytes.items()},
+            "memory_gib": {k: float(v[i]) / GIB for k, v in self.memory_bytes.items()},
+            "memory_capacity_bytes": self.capacity_bytes,
             "worst_rank": RANK_NAMES[int(self.worst_rank[i])],
             "fits": bool(self.fits[i]),
             "host_memory_gb": float(self.host_bytes[i]) / GB,
@@ -140,8 +148,11 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     where = place(cl.placement, cfg, net)
     host = (hw.d2h_gb_per_s * eff.host_link_efficiency * GB, hw.h2d_gb_per_s * eff.host_link_efficiency * GB)
     unfused = tr.attention_kernel == "unfused"
-    lt_d = layer_time(dense, m, cfg, where, comp, net, eff, unfused, host)
-    lt_m = layer_time(moe, m, cfg, where, comp, net, eff, unfused, host) if moe is not None else None
+    # document masks: the rank that paces each layer (the slowest of a ring / all-gather CP group)
+    ring = np.select([cfg.cp_comm == CP_COMM_CODES["a2a"], cfg.cp_comm == CP_COMM_CODES["a2a+p2p"]], [np.ones_like(cfg.cp), cfg.cp / np.maximum(cfg.cp_a2a, 1.0)], cfg.cp)
+    factor = attention_factor(tr.seq_len, tr.mean_document_tokens, cfg.cp, ring)
+    lt_d = layer_time(dense, m, cfg, where, comp, net, eff, unfused, host, factor)
+    lt_m = layer_time(moe, m, cfg, where, comp, net, eff, unfused, host, factor) if moe is not None else None
 
     # embedding (first rank) and output head + loss (last rank), per micro-batch
     emb_f = comp.memory_time(edge.embedding_memory_bytes)
@@ -149,30 +160,56 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     head_mem = comp.memory_time(edge.head_memory_bytes, 4.0)
     head_tp = net.all_gather(edge.head_tp_bytes, where.tp)
     return LayerCosts(
-        dense=kind_costs(dense, lt_d, cfg.recompute),
-        moe=kind_costs(moe, lt_m, cfg.recompute) if moe is not None else None,
+        dense=kind_costs(dense, lt_d, cfg),
+        moe=kind_costs(moe, lt_m, cfg) if moe is not None else None,
         embedding_f=emb_f,
         embedding_b=2.0 * emb_f,
         head_compute=3.0 * head_gemm + 2.0 * head_mem,
         head_forward=head_gemm + head_mem + head_tp,
+        head_weight_grad=head_gemm,
         head_tp=2.0 * head_tp,
         head_saved=edge.head_saved,
         embedding_params=edge.embedding_params_local + 0.0 * emb_f,
         head_params=edge.head_params_local + 0.0 * emb_f,
         # Megatron sends [s/cp(/tp with SP), b, h]; old Megatron's scatter/gather sent 1/tp without SP
         hop_bytes=d_act * (shard.tokens / shard.t if tr.p2p_scatter_gather else shard.tokens_sp) * m.hidden_size,
+        comm_buffer_bytes=np.maximum(layer_buffers(dense, cfg, shard, d_act, m.hidden_size, hw.tp_overlap_buffers),
+                                     0.0 if moe is None else layer_buffers(moe, cfg, shard, d_act, m.hidden_size, hw.tp_overlap_buffers)),
     )
+
+
+def layer_buffers(work: arch.LayerWork, cfg: ConfigBatch, shard: arch.Shard, d_act: int, hidden: int, tp_overlap_buffers: int) -> np.ndarray:
+    """Communication buffers one layer allocates while it runs: the TP all-gathered input and
+    the pre-reduce-scatter output of a sequence-parallel GEMM, Transformer Engine's userbuffers
+    under TP overlap, the CP exchange (ring: a send and a receive block; all-gather: the whole
+    sequence's K/V; all-to-all: the re-sharded q/k/v/output), the EP combine buffer."""
+    full = d_act * shard.tokens * hidden  # [s/cp, b, h] on one rank
+    tp = (cfg.tp > 1) * (2.0 * full + (cfg.tp_overlap == 1) * tp_overlap_buffers * full)
+    v = cfg.cp_comm
+    cp = (cfg.cp > 1) * np.select(
+        [v == CP_COMM_CODES["all_gather"], v == CP_COMM_CODES["a2a"], v == CP_COMM_CODES["a2a+p2p"]],
+        [work.cp_bytes * cfg.cp, work.cp_a2a_bytes, work.cp_a2a_bytes + 2.0 * work.cp_bytes],
+        2.0 * work.cp_bytes,
+    )
+    return tp + cp + work.ep_a2a_bytes
 
 
 def shared_layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     """MPE's layer-cost reuse (seed 002): configurations that differ only in pipeline, DP,
     optimizer or checkpoint choices share their layer costs, so compute each distinct layer
-    shape once and gather."""
+    shape once and gather. The key is a mixed-radix number of the fields (radix max + 1); a
+    field whose radix would overflow int64 is replaced by its rank among its distinct values."""
     names = layer_key_fields(problem.cluster.placement)
     key = np.zeros(len(cfg), dtype=np.int64)
+    span = 1
     for name in names:
         column = getattr(cfg, name).astype(np.int64)
-        key = key * (int(column.max(initial=0)) + 1) + column
+        radix = int(column.max(initial=0)) + 1
+        if span * radix >= 2**62:
+            values, column = np.unique(column, return_inverse=True)
+            radix = len(values)
+        span *= radix
+        key = key * radix + column.ravel()
     first, inverse = unique_rows(key)
     if len(first) == len(cfg):
         return layer_costs(problem, cfg)
@@ -186,59 +223,86 @@ def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
 
 def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
-    eff = hw.efficiency
-    d_act = DTYPE_BYTES[tr.dtypes.activations]
-    dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), d_act)
+    d_para, d_grad, d_opt = tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer")
     G = cl.num_gpus
+    moe = m.moe is not None
     lc = shared_layer_costs(problem, cfg)
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
     net = Network(hw, cl)
     groups = stage_groups(cl.placement, cfg, net)
     x = cfg.derived()
+    v = cfg.vp
 
     ranks = rank_classes(m.num_layers, m.num_dense_layers, cfg)
     micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
+    windows = grad_windows(cfg, micro)
+    params = [rank_params(rank, lc, m.tied_embeddings) for rank in ranks]
 
-    parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "offload")}
-    fwd, bwd = [], []
-    for rank in ranks:
+    parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload")}
+    fwd, bwd, wgrad = [], [], []
+    for k, rank in enumerate(ranks):
         def both(name):
             value = rank.dense * getattr(lc.dense, name)
             return value if lc.moe is None else value + rank.moe * getattr(lc.moe, name)
 
+        layers = np.maximum(rank.layers, 1.0)
         compute = both("compute")
         f = both("forward")
         if rank.first:
             compute = compute + lc.embedding_f + lc.embedding_b
             f = f + lc.embedding_f
+        # full recompute re-runs the forward of every layer (uniform) or of the first N layers
+        # of each virtual stage (block); selective re-runs the chosen modules of every layer
+        covered = blend(x.block_recompute, np.minimum(cfg.recompute_layers * v, layers) / layers, 1.0)
+        recompute = blend(x.full_recompute, covered * both("forward"), both("recompute"))
         parts["compute"].append(compute + rank.last * lc.head_compute)
-        parts["recompute"].append(both("recompute"))
+        parts["recompute"].append(recompute)
         parts["tp"].append(both("tp") + rank.last * lc.head_tp)
         parts["cp"].append(both("cp"))
         parts["ep"].append(both("ep"))
         parts["offload"].append(both("offload"))
         f = f + rank.last * lc.head_forward
+
+        # ZeRO-2/3 traffic inside the pipeline, per step, spread over the micro-batches
+        dense_p, expert_p = params[k]
+        per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
+        stage_gap = micro * per_mb / np.maximum(windows * v, 1.0)  # compute between two windows of a stage
+        win = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
+        moe_dense = 0.0 if lc.moe is None else rank.moe * (lc.moe.params - lc.moe.expert_params)
+        dense_per_layer = (rank.dense * lc.dense.params + moe_dense) / layers
+        expert_per_layer = (0.0 if lc.moe is None else rank.moe * lc.moe.expert_params) / layers
+        edge_params = rank.first * lc.embedding_params + rank.last * lc.head_params
+        freed = cfg.reshard_after_forward == 1
+        gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
+        gathers_b = np.where(freed, micro, 0.0)
+        f_layer = both("forward") / layers
+        z3 = zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, 2.0 * f_layer, moe)
+        parts["fsdp"].append((win + z3) / micro)
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
+        wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad)
 
     per_rank = [fwd[k] + bwd[k] for k in range(3)]
     hop = net.p2p_hop(lc.hop_bytes, groups.pp)
-    chunk_f, chunk_b = fwd[1] / cfg.vp, bwd[1] / cfg.vp
-    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, eff.pp_overlap)
+    chunk_f, chunk_b, chunk_w = fwd[1] / v, bwd[1] / v, wgrad[1] / v
+    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap)
 
     # memory per rank class; the optimizer step of the rank with the most to do
-    host_share = hw.host_memory_gb_per_node * GB / cl.gpus_per_node
+    context_bytes, nccl_bytes = nccl_and_context(hw)
+    mc = MemoryContext(d_para, d_grad, d_opt, context_bytes, nccl_bytes, hw.host_memory_gb_per_node * GB / cl.gpus_per_node,
+                       m.tied_embeddings, tr.optimizer_memory == "mofa_eq4", tr.allocator_fragmentation)
+    communicators = communicator_count(cfg, x, moe)
     ledgers = []
     opt_dp, opt_update = [], []
     for k, rank in enumerate(ranks):
         rank_index = 0 if k == 0 else (np.ones_like(cfg.pp) if k == 1 else cfg.pp - 1)
         flight = in_flight(rank_index, cfg, micro)
-        ledger = rank_memory(rank, flight, lc, cfg, x, dtypes, hw.runtime_reserved_gb, host_share, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4")
+        ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators)
         ledgers.append(ledger)
         cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
         window_b = cooldown * bwd[k]
         window_f = cooldown * fwd[k]
-        ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, groups, net, hw, dtypes[:3], comp, window_b, window_f, cfg.vp, m.moe is not None)
+        ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, groups, net, hw, (d_para, d_grad, d_opt), comp, window_b, window_f, cfg.vp, moe)
         opt_dp.append(ot.dp_exposed)
         opt_update.append(ot.update)
     slowest = argmax3(*(opt_dp[k] + opt_update[k] for k in range(3)))
@@ -246,10 +310,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     update = pick3(slowest, *opt_update)
 
     step = pipe.total + dp_exposed + update
-    breakdown = {}
-    for key in BREAKDOWN_KEYS:
-        if key in parts:
-            breakdown[key] = micro * pick3(pipe.bottleneck, *parts[key])
+    breakdown = {key: micro * pick3(pipe.bottleneck, *parts[key]) for key in parts}
     breakdown["pp"] = pipe.pp_exposed
     breakdown["bubble"] = pipe.bubble
     breakdown["dp"] = dp_exposed
@@ -264,7 +325,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
 
     tokens = tr.global_batch_size * tr.seq_len
     model_flops = tokens * model_flops_per_token(m, tr.seq_len)
-    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg.recompute)
+    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg)
     peak_flops = hw.peak(tr.dtypes.compute) * TFLOP
     tflops = model_flops / (step * G) / TFLOP
 
@@ -276,9 +337,10 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         breakdown_s=breakdown,
         memory_bytes=memory,
         worst_rank=worst[1] + 2.0 * worst[2],
-        fits=memory["peak"] <= hw.memory_gb * GB,
+        fits=memory["peak"] <= hw.memory_bytes,
+        capacity_bytes=hw.memory_bytes,
         host_bytes=host_used,
-        host_fits=host_used <= host_share,
+        host_fits=host_used <= mc.host_share_bytes,
         microbatches=micro,
         tflops_per_gpu=tflops,
         mfu=model_flops / (step * G * peak_flops),

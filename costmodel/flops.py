@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.architecture import active_matmul_params, attention_dims
+from costmodel.architecture import active_matmul_params, attention_dims, mlp_params
 from costmodel.specs import ModelSpec
 
 
@@ -41,13 +41,37 @@ def model_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> f
     return 3.0 * fwd
 
 
-def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute: np.ndarray) -> np.ndarray:
-    """Extra forward FLOPs per token repeated in the backward pass."""
-    selective = m.num_layers * attention_flops_per_token(m, seq_len)
-    full = m.num_dense_layers * layer_forward_flops_per_token(m, seq_len, False) + m.num_moe_layers * layer_forward_flops_per_token(
-        m, seq_len, True
-    )
-    return np.select([recompute == 1, recompute == 2], [selective, full], 0.0)
+def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
+    """Extra forward FLOPs per token repeated in the backward pass (HFU's addition): selective
+    recompute re-runs the matmuls of the chosen modules (core_attn: attention; mlp: the dense MLP;
+    moe: router, routed and shared experts; shared_experts; mla_up_proj: MLA's up projections;
+    layernorm and moe_act are elementwise: no matmul FLOPs); full recompute the whole forward
+    of the layers it covers (every layer with method uniform; the first N of each virtual stage
+    with method block, counted on a middle rank)."""
+    from costmodel.configs import RECOMPUTE_MODULE_BITS as BITS  # configs imports the specs, not us
+
+    mods = np.where(cfg.recompute == 1, cfg.recompute_modules, 0.0).astype(np.int64)
+
+    def on(name):
+        return ((mods & BITS[name]) != 0) * 1.0
+
+    attention = m.num_layers * attention_flops_per_token(m, seq_len)
+    dense_mlp = m.num_dense_layers * 2.0 * mlp_params(m, m.ffn_hidden_size)
+    shared = moe_block = up_proj = 0.0
+    if m.moe is not None:
+        x = m.moe
+        shared = m.num_moe_layers * 2.0 * x.num_shared_experts * mlp_params(m, x.shared_ffn)
+        moe_block = m.num_moe_layers * 2.0 * (m.hidden_size * x.num_experts + x.top_k * mlp_params(m, x.expert_ffn_hidden_size)) + shared
+    if m.mla is not None:
+        a, mla = m.num_heads, m.mla
+        up = (mla.q_lora_rank or 0) * a * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) + mla.kv_lora_rank * a * (mla.qk_nope_head_dim + mla.v_head_dim)
+        up_proj = m.num_layers * 2.0 * up
+    selective = (on("core_attn") * attention + on("mlp") * dense_mlp + on("moe") * moe_block
+                 + (1.0 - on("moe")) * on("shared_experts") * shared + on("mla_up_proj") * up_proj)
+    full = m.num_dense_layers * layer_forward_flops_per_token(m, seq_len, False) + m.num_moe_layers * layer_forward_flops_per_token(m, seq_len, True)
+    stage = np.maximum(np.floor(m.num_layers / np.maximum(cfg.pp * cfg.vp, 1.0)), 1.0)
+    covered = np.where(cfg.recompute_method == 1, np.minimum(cfg.recompute_layers, stage) / stage, 1.0)
+    return np.select([cfg.recompute == 1, cfg.recompute == 2], [selective, covered * full], 0.0)
 
 
 def palm_flops_per_token(m: ModelSpec, seq_len: int, num_params: float) -> float:

@@ -4,18 +4,34 @@ T^FWD = sum of forward operator times + exposed forward communication (eq. 7) an
 T^BWD (eq. 8), per layer, per micro-batch, on one GPU, then modified by
   * TP overlap (eq. 20), per (GEMM, collective) pair, split into s_n = tp ring-exchange chunks:
         T_gemm + T_tp -> min(T_gemm, T_tp)/s_n + max(alpha*T_gemm, beta*T_tp)
-  * CP overlap (eq. 21), ring attention: T_attn + T_cp -> min(T_attn, T_cp)/c + max(alpha*T_attn, beta*T_cp)
+  * context parallelism, by variant (`cp_comm`):
+      p2p (ring attention): K/V blocks travel the ring, cp - 1 steps; the backward sends K/V and
+        dK/dV. Overlapped (eq. 21): T_attn + T_cp -> min(T_attn, T_cp)/c + max(alpha*T_attn, beta*T_cp)
+      all_gather (Llama 3 section 4): K/V all-gathered before attention (forward), all-gathered again
+        and their gradients reduce-scattered (backward): the ring's volume, as collectives, exposed
+      a2a (Ulysses): q, k, v and the output all-to-all'd between sequence and head sharding, in
+        both passes, exposed; every rank then runs whole sequences for heads/cp
+      a2a+p2p (Megatron's hierarchical CP): a2a inside groups of cp_a2a, a ring across them
+    Document masks (costmodel.documents) scale the attention work of the rank that paces a layer.
   * EP overlap (eq. 22), forward of one micro-batch against backward of another:
         sum(T_comp) + sum(T_ep) -> max(alpha*sum(T_comp), beta*sum(T_ep))
-  * selective recompute (eq. 30): backward re-runs core attention. MoFa's eq. 30 also re-runs
-    the QKV GEMM; Megatron's selective recompute (--recompute-modules core_attn, Korthikanti
-    et al. section 4.2) keeps Q, K, V and re-runs only the attention core, so we follow Megatron.
-  * full recompute (eq. 32): backward re-runs the whole forward, its communication included.
-  * activation offload (eqs. 34-35): T^FWD -> max(alpha*M_act/B_d2h, beta*T^FWD), and the same
-    for the backward prefetch over H2D.
+  * selective recompute (eq. 30) by module (Megatron --recompute-modules): the backward re-runs
+    the forward operators of the chosen modules (core_attn: the attention core; layernorm: the
+    two norms; mlp: the dense MLP; moe_act: the expert activation; moe: the whole MoE block with
+    its all-to-alls; shared_experts; mla_up_proj: MLA's up projections). MoFa's eq. 30 also re-runs
+    the QKV GEMM; Megatron keeps Q, K, V and re-runs only the attention core (Korthikanti et al.
+    section 4.2), so we follow Megatron.
+  * full recompute (eq. 32): backward re-runs the whole forward, its communication included
+    (how many layers do is the rank's business: pipeline/memory compose it).
+  * activation offload (eqs. 34-35) of the bytes the setting offloads (MoFa's whole layer or
+    Megatron's chosen modules): T^FWD -> max(alpha*M_off/B_d2h, beta*T^FWD), and the same for the
+    backward prefetch over H2D.
 Communication that is not overlapped is fully exposed. Without --tp-comm-overlap Megatron
 still hides the backward re-all-gather of the sequence-parallel input behind the dgrad GEMM
 (async all-gather), so the backward exposes four TP collectives per layer, like the forward.
+
+The backward of every GEMM is a data-gradient and a weight-gradient GEMM of the forward's shape;
+the weight-gradient part (W) is kept apart for the zero-bubble family (DualPipeV).
 """
 
 from __future__ import annotations
@@ -24,15 +40,13 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodel.architecture import LayerWork
+from costmodel.architecture import SAVED_TAGS, LayerWork
 from costmodel.compute import ComputeModel
-from costmodel.configs import ConfigBatch
+from costmodel.configs import CP_COMM_CODES, OFFLOAD_LAYER, OFFLOAD_MODULE_BITS, RECOMPUTE_MODULE_BITS, ConfigBatch
 from costmodel.network import Network
 from costmodel.placement import LayerGroups
 from costmodel.specs import EfficiencyProfile, ModelSpec
 
-#: memory-bound kernels per layer (norms, residual adds, activation, rotary, permutes)
-MEMORY_KERNELS_PER_LAYER = 10.0
 #: backward / forward time of the fused attention kernel (FlashAttention-2: 5 vs 2 matmuls)
 FLASH_BACKWARD_RATIO = 2.5
 
@@ -40,17 +54,18 @@ FLASH_BACKWARD_RATIO = 2.5
 @dataclass(frozen=True)
 class LayerTime:
     """Per layer, per micro-batch times on one GPU (seconds, arrays over configurations).
-    forward = comp_f + tp_f + cp_f + ep_f + offload_f, and likewise backward (+ recompute)."""
+    forward = comp_f + tp_f + cp_f + ep_f + offload_f, and likewise backward (+ selective recompute)."""
 
     comp_f: np.ndarray
     comp_b: np.ndarray
+    weight_grad: np.ndarray  # the weight-gradient GEMMs inside comp_b
     tp_f: np.ndarray
     tp_b: np.ndarray
     cp_f: np.ndarray
     cp_b: np.ndarray
     ep_f: np.ndarray
     ep_b: np.ndarray
-    recompute: np.ndarray
+    recompute: np.ndarray  # selective recompute of the chosen modules
     offload_f: np.ndarray
     offload_b: np.ndarray
     attention_f: np.ndarray  # core attention forward (for HFU and reporting)
@@ -59,14 +74,24 @@ class LayerTime:
     def forward(self) -> np.ndarray:
         return self.comp_f + self.tp_f + self.cp_f + self.ep_f + self.offload_f
 
-    @property
-    def backward(self) -> np.ndarray:
-        return self.comp_b + self.tp_b + self.cp_b + self.ep_b + self.recompute + self.offload_b
-
 
 def overlapped(t_compute, t_comm, split, coef) -> np.ndarray:
     """Exposed communication of eqs. 20-21: min(T_c, T_m)/s_n + max(alpha*T_c, beta*T_m) - T_c."""
     return np.minimum(t_compute, t_comm) / split + np.maximum(coef.alpha * t_compute, coef.beta * t_comm) - t_compute
+
+
+def has(mask: np.ndarray, bit: int) -> np.ndarray:
+    """Float 0/1: is `bit` set in the integer mask `mask` (an int64 array: see `ints`)."""
+    return ((mask & bit) != 0) * 1.0
+
+
+def in_any(mask: np.ndarray, modules: tuple[str, ...], bits: dict[str, int]) -> np.ndarray:
+    """Float 0/1: is any of `modules` set in the int64 mask."""
+    return ((mask & sum(bits[name] for name in modules)) != 0) * 1.0
+
+
+def ints(column: np.ndarray) -> np.ndarray:
+    return column.astype(np.int64)
 
 
 def layer_time(
@@ -79,15 +104,16 @@ def layer_time(
     eff: EfficiencyProfile,
     unfused_attention: bool,
     host_links: tuple[float, float],
+    attention_factor: np.ndarray,
 ) -> LayerTime:
     gemm_f = {g.name: comp.gemm_time(g) for g in work.gemms}
     comp_gemm_f = sum(gemm_f.values())
-    attn_f = comp.attention_time(work.attention_flops_hw)
+    attn_f = comp.attention_time(work.attention_flops_hw * attention_factor)
     attn_b = attn_f * (2.0 if unfused_attention else FLASH_BACKWARD_RATIO)
-    mem_f = comp.memory_time(work.memory_bytes, MEMORY_KERNELS_PER_LAYER)
-    softmax_f = np.where(work.attention_unfused_bytes > 0, comp.memory_time(work.attention_unfused_bytes), 0.0)
-    comp_f = comp_gemm_f + attn_f + mem_f + softmax_f
-    comp_b = 2.0 * (comp_gemm_f + mem_f + softmax_f) + attn_b
+    mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
+    mem_total = sum(mem_f.values())
+    comp_f = comp_gemm_f + attn_f + mem_total
+    comp_b = 2.0 * (comp_gemm_f + mem_total) + attn_b
 
     # --- tensor parallelism (eq. 20) -----------------------------------------------------
     tp_on = cfg.tp_overlap == 1
@@ -98,20 +124,27 @@ def layer_time(
         tp_f = tp_f + np.where(tp_on, hidden, t_comm)
     tp_b = tp_f  # same collectives, paired with the dgrad GEMMs of the same shapes
 
-    # --- context parallelism (eq. 21): ring exchange of K/V blocks ------------------------
-    cp_comm_f = net.all_gather(work.cp_bytes * cfg.cp, place.cp)
-    cp_comm_b = 2.0 * cp_comm_f  # K/V again and dK/dV
-    cp_on = cfg.cp_overlap == 1
-    cp_f = np.where(cp_on, overlapped(attn_f, cp_comm_f, cfg.cp, eff.cp_overlap), cp_comm_f)
-    cp_b = np.where(cp_on, overlapped(attn_b, cp_comm_b, cfg.cp, eff.cp_overlap), cp_comm_b)
+    # --- context parallelism by variant ---------------------------------------------------
+    v = cfg.cp_comm
+    ring_bytes = work.cp_bytes * cfg.cp  # all ranks' K/V blocks: the ring's (or all-gather's) volume
+    ring_f = net.all_gather(ring_bytes, place.cp)
+    hier_ring_f = net.all_gather(work.cp_bytes * cfg.cp / np.maximum(cfg.cp_a2a, 1.0), place.cp_outer)
+    a2a_full = net.all_to_all(work.cp_a2a_bytes, place.cp)
+    a2a_inner = net.all_to_all(work.cp_a2a_bytes, place.cp_inner)
+    ring = np.select([v == CP_COMM_CODES["a2a+p2p"], v == CP_COMM_CODES["a2a"]], [hier_ring_f, 0.0 * ring_f], ring_f)
+    a2a = np.select([v == CP_COMM_CODES["a2a+p2p"], v == CP_COMM_CODES["a2a"]], [a2a_inner, a2a_full], 0.0 * ring_f)
+    ring_b = 2.0 * ring  # K/V again (ring, or re-gathered) and dK/dV
+    overlappable = (cfg.cp_overlap == 1) & (v != CP_COMM_CODES["all_gather"])
+    cp_f = a2a + np.where(overlappable, overlapped(attn_f, ring, cfg.cp, eff.cp_overlap), ring)
+    cp_b = a2a + np.where(overlappable, overlapped(attn_b, ring_b, cfg.cp, eff.cp_overlap), ring_b)
 
     # --- expert parallelism (eq. 22): dispatch + combine, and the expert-TP gather --------
     cap = None
     if model.moe is not None and model.moe.max_nodes_per_token:
         cap = min(1.0, model.moe.max_nodes_per_token / model.moe.top_k)
-    a2a = net.all_to_all(work.ep_a2a_bytes, place.ep, cap)
+    a2a_ep = net.all_to_all(work.ep_a2a_bytes, place.ep, cap)
     etp = net.all_gather(work.etp_bytes, place.etp)
-    ep_comm_f = 2.0 * (a2a + etp)
+    ep_comm_f = 2.0 * (a2a_ep + etp)
     ep_comm_b = ep_comm_f
     both = ep_comm_f + ep_comm_b
     ep_on = (cfg.ep_overlap == 1) & (both > 0)  # dense layers of an MoE model have nothing to hide
@@ -120,23 +153,56 @@ def layer_time(
     ep_f = np.where(ep_on, exposed * share_f, ep_comm_f)
     ep_b = np.where(ep_on, exposed * (1 - share_f), ep_comm_b)
 
-    # --- recompute (eqs. 30, 32) -----------------------------------------------------------
-    fwd = comp_f + tp_f + cp_f + ep_f
-    recompute = np.select([cfg.recompute == 1, cfg.recompute == 2], [attn_f + softmax_f, fwd], 0.0)
+    # --- selective recompute (eq. 30) by module --------------------------------------------
+    mods = ints(cfg.recompute_modules * (cfg.recompute == 1))
+    recompute = has(mods, RECOMPUTE_MODULE_BITS["core_attn"]) * attn_f + has(mods, RECOMPUTE_MODULE_BITS["moe"]) * ep_f
+    for g in work.gemms:
+        if g.modules:
+            recompute = recompute + in_any(mods, g.modules, RECOMPUTE_MODULE_BITS) * gemm_f[g.name]
+    for op in work.memory_ops:
+        if op.modules:
+            recompute = recompute + in_any(mods, op.modules, RECOMPUTE_MODULE_BITS) * mem_f[op.name]
 
     # --- activation offload (eqs. 34-35) ---------------------------------------------------
     d2h, h2d = host_links
-    off = cfg.activation_offload == 1
-    saved = work.saved_bytes
+    offloaded = offloaded_bytes(work, cfg)
+    fwd = comp_f + tp_f + cp_f + ep_f
     bwd = comp_b + tp_b + cp_b + ep_b + recompute
     c = eff.offload_overlap
-    offload_f = np.where(off, np.maximum(c.alpha * saved / d2h, c.beta * fwd) - fwd, 0.0)
-    offload_b = np.where(off, np.maximum(c.alpha * saved / h2d, c.beta * bwd) - bwd, 0.0)
-    return LayerTime(comp_f, comp_b, tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, recompute, offload_f, offload_b, attn_f)
+    off = offloaded > 0
+    offload_f = np.where(off, np.maximum(c.alpha * offloaded / d2h, c.beta * fwd) - fwd, 0.0)
+    offload_b = np.where(off, np.maximum(c.alpha * offloaded / h2d, c.beta * bwd) - bwd, 0.0)
+    return LayerTime(comp_f, comp_b, comp_gemm_f, tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, recompute, offload_f, offload_b, attn_f)
+
+
+def kept_bytes(work: LayerWork, cfg: ConfigBatch) -> np.ndarray:
+    """Bytes a layer keeps for its backward under its recompute setting: everything, minus
+    what the selected modules re-create (selective), or the whole set (a layer that full
+    recompute does not cover; the covered ones keep only their input, see memory.py)."""
+    mods = ints(cfg.recompute_modules * (cfg.recompute == 1))
+    kept = work.saved_bytes
+    for name, nbytes in work.saved.items():
+        dropped_by = SAVED_TAGS[name].dropped_by
+        if dropped_by:
+            kept = kept - in_any(mods, dropped_by, RECOMPUTE_MODULE_BITS) * nbytes
+    return kept
+
+
+def offloaded_bytes(work: LayerWork, cfg: ConfigBatch) -> np.ndarray:
+    """Bytes one layer sends to the host: all it keeps (MoFa's whole-layer offload, eq. 33) or
+    the saved inputs of the chosen Megatron modules."""
+    setting = cfg.activation_offload
+    total = (setting == OFFLOAD_LAYER) * kept_bytes(work, cfg)
+    modules = ints(np.where(setting == OFFLOAD_LAYER, 0.0, setting))
+    for name, nbytes in work.saved.items():
+        module = SAVED_TAGS[name].offload
+        if module is not None:
+            total = total + has(modules, OFFLOAD_MODULE_BITS[module]) * nbytes
+    return total
 
 
 #: the configuration fields that fix a layer's shape and layer-level features (MPE's "layer")
-LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "recompute", "tp_overlap", "cp_overlap", "ep_overlap", "activation_offload")
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "cp_comm", "cp_a2a", "recompute", "recompute_modules", "activation_offload", "tp_overlap", "cp_overlap", "ep_overlap")
 
 
 @dataclass(frozen=True)
@@ -144,15 +210,17 @@ class KindCosts:
     """One layer kind (dense or MoE), per layer and per micro-batch on one GPU."""
 
     compute: np.ndarray  # forward + backward operator time
-    recompute: np.ndarray
+    weight_grad: np.ndarray  # the weight-gradient part of the backward (inside compute)
+    recompute: np.ndarray  # selective recompute of the chosen modules
     tp: np.ndarray  # exposed communication, forward + backward
     cp: np.ndarray
     ep: np.ndarray
     offload: np.ndarray
-    forward: np.ndarray
-    activation: np.ndarray  # bytes kept for backward under the recompute mode (eqs. 5, 29, 31)
+    forward: np.ndarray  # with its exposed communication: what full recompute repeats
+    activation: np.ndarray  # bytes kept for backward (selective modules dropped; eqs. 5, 29)
     saved_full: np.ndarray  # bytes of the complete saved set (working set of a recomputed layer)
-    input_bytes: np.ndarray
+    offloaded: np.ndarray  # bytes sent to the host per layer (eq. 33; Megatron's modules)
+    input_bytes: np.ndarray  # the layer input: all a fully recomputed layer keeps (eq. 31)
     params: np.ndarray  # parameters on the GPU
     expert_params: np.ndarray
 
@@ -171,11 +239,13 @@ class LayerCosts:
     embedding_b: np.ndarray
     head_compute: np.ndarray  # forward + backward of the head GEMM and the loss
     head_forward: np.ndarray
+    head_weight_grad: np.ndarray
     head_tp: np.ndarray  # exposed, forward + backward
     head_saved: np.ndarray
     embedding_params: np.ndarray
     head_params: np.ndarray
     hop_bytes: np.ndarray  # one pipeline hop: an activation micro-batch
+    comm_buffer_bytes: np.ndarray  # TP/SP, CP and EP buffers a layer allocates while it runs
 
     def take(self, index) -> "LayerCosts":
         def pick(x):
@@ -188,19 +258,21 @@ class LayerCosts:
         return LayerCosts(*(pick(getattr(self, f.name)) for f in fields(LayerCosts)))
 
 
-def kind_costs(work: LayerWork, t: LayerTime, recompute: np.ndarray) -> KindCosts:
-    activation = np.select([recompute == 1, recompute == 2], [work.saved_without_core_attention(), work.input_bytes], work.saved_bytes)
+def kind_costs(work: LayerWork, t: LayerTime, cfg: ConfigBatch) -> KindCosts:
+    zero = 0.0 * t.comp_f
     return KindCosts(
         compute=t.comp_f + t.comp_b,
+        weight_grad=t.weight_grad,
         recompute=t.recompute,
         tp=t.tp_f + t.tp_b,
         cp=t.cp_f + t.cp_b,
         ep=t.ep_f + t.ep_b,
         offload=t.offload_f + t.offload_b,
         forward=t.forward,
-        activation=activation,
-        saved_full=work.saved_bytes,
-        input_bytes=work.input_bytes,
-        params=work.params_local + 0.0 * t.comp_f,
-        expert_params=work.expert_params_local + 0.0 * t.comp_f,
+        activation=kept_bytes(work, cfg) + zero,
+        saved_full=work.saved_bytes + zero,
+        offloaded=offloaded_bytes(work, cfg) + zero,
+        input_bytes=work.input_bytes + zero,
+        params=work.params_local + zero,
+        expert_params=work.expert_params_local + zero,
     )

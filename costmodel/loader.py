@@ -126,7 +126,21 @@ def load_problem(path: str, overrides: list[str] | None = None) -> Problem:
     if "measured" in data:
         raise ProblemError(path, "measured", "this is a validation point: use `mofa validate` (or `mofa calibrate`) with it")
     try:
-        return Problem.model_validate(data, context={"base_dir": str(Path(path).parent)})
+        problem = Problem.model_validate(data, context={"base_dir": str(Path(path).parent)})
     except ValidationError as exc:
         field, message = _describe(exc)
         raise ProblemError(path, field, message) from None
+    check_config(problem, path)
+    return problem
+
+
+def check_config(problem: Problem, path: str) -> None:
+    """The problem's fixed configuration must obey the rules (costmodel.rules) the frameworks
+    enforce; the first broken one is the error, named by the field it concerns."""
+    from costmodel.rules import config_violations  # the rule engine needs the cost model's arrays
+
+    if problem.config is not None:
+        broken = config_violations(problem, problem.config)
+        if broken:
+            field, message = broken[0]
+            raise ProblemError(path, f"config.{field}", message)

@@ -1,35 +1,49 @@
-"""Memory cost model: MoFa eqs. 4-6 with the memory-level features (eqs. 25, 27, 29, 31, 33).
+"""Memory cost model: MoFa eqs. 4-6 with the memory-level features (eqs. 25, 27, 29, 31, 33),
+ZeRO/FSDP sharding, and the ledger lines a GPU really spends memory on (note 004's memory book).
 
-Static memory (eq. 4) of a pipeline rank: parameters (D_para), gradients (D_grad) and the
-optimizer states. Eq. 4 charges 4*D_opt per parameter for the optimizer; Megatron's mixed-
-precision Adam keeps three D_opt tensors for the whole run -- the fp32 master weight and the
-two moments (two if the weights already are fp32) -- and, when gradients are kept in a
-narrower type than D_opt, materialises an fp32 copy of the gradients only for the optimizer
-step (DistributedOptimizer._copy_model_grads_to_main_grads), freed by the next zero_grad
-before any activation exists. So: states = 3*D_opt persistently, plus a D_opt transient that
-competes with the activations for the peak rather than adding to it. With fp32 gradients
-(Megatron's default) this is the familiar 18 bytes per parameter. `training.optimizer_memory:
-mofa_eq4` keeps eq. 4 literally (4*D_opt throughout) to reproduce MoFa's own figures: its
-Table 7 row 3 (43.50 GB) is 22 bytes x 1.594e9 parameters + its ~8.5 GB of other memory.
+One ledger per pipeline-rank class; every line in bytes:
+  params      weights the rank keeps (D_para per parameter; ZeRO-3 keeps 1/shard of them)
+  grads       the gradient buffer (D_grad): whole under ZeRO-0/1; ZeRO-2/3 keep 1/shard plus the
+              unsharded gradients of the accumulation window (Llama 3 Figure 4: one virtual stage
+              at a time, two while the previous window's reduce-scatter drains; the whole rank
+              when the window spans the step, i.e. 1F1B with vp = 1; two layers' reduce buckets
+              without pipelining)
+  optimizer   optimizer states (eq. 4, see below), sharded from ZeRO-1 on (eq. 25), on the host
+              with the CPU optimizer (eq. 27)
+  gathered_params  ZeRO-3: parameters gathered for compute -- the layer running and the one being
+              prefetched, or, when they are not freed after the forward, every layer of the rank
+  activations tensors kept for the backward (eqs. 5, 29, 31, 33), see below
+  optimizer_transient  the optimizer step's D_opt copy of the gradients, as far as it exceeds the
+              activations it replaces
+  comm_buffers  buffers of the collectives: pipeline send/receive (2 activation micro-batches),
+              the largest per-layer TP/SP gather, CP K/V exchange and EP dispatch buffer, Transformer
+              Engine's TP-overlap userbuffers, and NCCL's own buffers per communicator
+  cuda_context  the CUDA context and cuBLAS workspaces (hardware preset)
+  fragmentation the caching allocator's reserve over the transient allocations (training field)
+Peak (eq. 6) = the sum; the reported peak is that of the worst rank, compared with the bytes the
+GPU exposes.
 
-Distributed optimizer (eq. 25): states (and the transient) divided over the CP x DP ranks
-(expert states over the expert-DP ranks). CPU optimizer (eq. 27): the states live in host
-memory; what exceeds the GPU's share of host memory stays on the GPU.
+Optimizer states (eq. 4). Eq. 4 charges 4*D_opt per parameter for the optimizer; Megatron's
+mixed-precision Adam keeps three D_opt tensors for the whole run -- the fp32 master weight and the
+two moments (two if the weights already are fp32) -- and, when gradients are kept in a narrower
+type than D_opt, materialises an fp32 copy of the gradients only for the optimizer step
+(DistributedOptimizer._copy_model_grads_to_main_grads), freed by the next zero_grad before any
+activation exists. So: states = 3*D_opt persistently, plus a D_opt transient that competes with
+the activations for the peak rather than adding to it. With fp32 gradients (Megatron's default)
+this is the familiar 18 bytes per parameter. `training.optimizer_memory: mofa_eq4` keeps eq. 4
+literally (4*D_opt throughout) to reproduce MoFa's own figures: its Table 7 row 3 (43.50 GB) is
+22 bytes x 1.594e9 parameters + its ~8.5 GB of other memory.
 
-Activations (eq. 5): in-flight micro-batch chunks (pipeline.in_flight) times the tensors one
-chunk saves. Selective recompute (eq. 29) drops the core-attention tensors; full recompute
-(eq. 31) keeps only each layer's input, plus one layer's full set while it is recomputed;
-activation offload (eq. 33) keeps one layer's set -- we keep two, because the asynchronous
-copy of layer i overlaps the computation of layer i+1, so both are resident at the peak --
-plus the input tensor of every in-flight chunk, which the pipeline schedule holds for the
-backward pass and offloading therefore cannot free.
-
-Buffers: the runtime reserve of the hardware profile (CUDA context, NCCL communicators,
-cuBLAS workspaces, allocator slack) and the pipeline send/receive buffers. The last rank
-also holds the fp32 logits of the micro-batch whose loss it computes.
-
-Peak (eq. 6) = static + max(activations, optimizer transient) + buffers; the reported peak
-is that of the worst rank.
+Activations (eq. 5): in-flight micro-batch chunks (pipeline.in_flight, by schedule) times the
+tensors one chunk keeps. Selective recompute (eq. 29) drops what the chosen modules re-create;
+full recompute (eq. 31) keeps each checkpointed group's input (method uniform: groups of N
+layers; method block: the first N layers of each virtual stage, the rest keep everything) plus
+one group's complete set while it is recomputed; MoFa's whole-layer offload (eq. 33) keeps one
+layer's set -- we keep two, because the asynchronous copy of layer i overlaps the computation of
+layer i+1, so both are resident at the peak -- plus the input tensor of every in-flight chunk,
+which the pipeline schedule holds for the backward pass and offloading therefore cannot free;
+Megatron's fine-grained offload moves the chosen modules' saved inputs and keeps the rest, with
+two layers' offloaded tensors in transit.
 """
 
 from __future__ import annotations
@@ -39,12 +53,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import blend
-from costmodel.configs import ConfigBatch, Derived
+from costmodel.configs import OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch, Derived
 from costmodel.layer import LayerCosts
 from costmodel.pipeline import RankLayers
-from costmodel.units import GB
+from costmodel.units import MIB
 
-MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "optimizer_transient", "buffers")
+MEMORY_KEYS = ("params", "grads", "optimizer", "gathered_params", "activations", "optimizer_transient", "comm_buffers", "cuda_context", "fragmentation")
 
 
 @dataclass(frozen=True)
@@ -52,76 +66,158 @@ class RankMemory:
     params: np.ndarray
     grads: np.ndarray
     optimizer: np.ndarray
+    gathered_params: np.ndarray
     activations: np.ndarray
     optimizer_transient: np.ndarray  # part of the optimizer-step transient above the activations
-    buffers: np.ndarray
+    comm_buffers: np.ndarray
+    cuda_context: np.ndarray
+    fragmentation: np.ndarray
     host: np.ndarray  # host memory this GPU uses (CPU optimizer states, offloaded activations)
-    dense_params: np.ndarray  # parameter counts, for the optimizer step
+    dense_params: np.ndarray  # parameter counts, for the optimizer step and DP communication
     expert_params: np.ndarray
 
     @property
     def peak(self) -> np.ndarray:
-        return self.params + self.grads + self.optimizer + self.activations + self.optimizer_transient + self.buffers
+        return sum(getattr(self, key) for key in MEMORY_KEYS)
 
 
-def rank_memory(
-    rank: RankLayers,
-    in_flight: np.ndarray,
-    lc: LayerCosts,
-    cfg: ConfigBatch,
-    x: Derived,
-    dtypes: tuple[int, int, int, int],
-    runtime_reserved_gb: float,
-    host_share_bytes: float,
-    tied_embeddings: bool,
-    mofa_eq4: bool = False,
-) -> RankMemory:
-    d_para, d_grad, d_opt, d_act = dtypes
+@dataclass(frozen=True)
+class MemoryContext:
+    """What every rank's ledger shares: dtypes, the hardware's fixed costs, the settings."""
+
+    d_para: int
+    d_grad: int
+    d_opt: int
+    cuda_context_bytes: float
+    nccl_bytes_per_group: float
+    host_share_bytes: float
+    tied_embeddings: bool
+    mofa_eq4: bool
+    fragmentation: float
+
+
+def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameter counts of a rank class: its layers, the embedding on the first
+    rank, the head on the rank that holds it (tied and on one rank: shared; tied across ranks:
+    Megatron keeps a copy)."""
     n_d, n_m = rank.dense, rank.moe
-    dense, moe = lc.dense, lc.moe
-
-    def both(name):
-        value = n_d * getattr(dense, name)
-        return value if moe is None else value + n_m * getattr(moe, name)
-
-    expert_params = 0.0 * n_d if moe is None else n_m * moe.expert_params
-    dense_params = both("params") - expert_params
-    if rank.first:
-        dense_params = dense_params + lc.embedding_params
+    expert = 0.0 * n_d if lc.moe is None else n_m * lc.moe.expert_params
+    dense = n_d * lc.dense.params + (0.0 if lc.moe is None else n_m * lc.moe.params) - expert
     head = lc.head_params
-    if tied_embeddings and rank.first:  # tied and one stage: the head reuses the embedding
-        head = lc.head_params - lc.embedding_params
-    dense_params = dense_params + rank.last * head  # tied, pp>1: Megatron keeps a copy
-    params = dense_params + expert_params
+    if rank.first:
+        dense = dense + lc.embedding_params
+        if tied_embeddings:
+            head = lc.head_params - lc.embedding_params
+    return dense + rank.last * head, expert
 
-    opt_params = blend(x.dist, dense_params / x.dp_cp + expert_params / x.edp, params)
-    if mofa_eq4:  # MoFa eq. 4 taken literally: four D_opt copies for the whole run
-        states, transient = 4 * d_opt * opt_params, 0.0 * opt_params
+
+def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived) -> tuple[np.ndarray, np.ndarray]:
+    """(activations on the GPU, activations on the host) of a rank at its peak."""
+    dense, moe = lc.dense, lc.moe
+    v = cfg.vp
+
+    def per_chunk(name):  # sum over the layer kinds of one virtual stage of the rank
+        value = rank.dense / v * getattr(dense, name)
+        return value if moe is None else value + rank.moe / v * getattr(moe, name)
+
+    def largest(name):  # the largest layer of a kind the rank holds
+        value = (rank.dense > 0) * getattr(dense, name)
+        return value if moe is None else np.maximum(value, (rank.moe > 0) * getattr(moe, name))
+
+    chunk_layers = np.maximum(rank.layers / v, 1.0)
+    kept = per_chunk("activation")
+    inputs = per_chunk("input_bytes")
+    full_set = largest("saved_full")
+    # full recompute: uniform keeps one input per group of N layers; block recomputes the first
+    # N layers of each virtual stage and keeps everything of the others
+    n = np.maximum(cfg.recompute_layers, 1.0)
+    uniform = np.ceil(chunk_layers / n) / chunk_layers * inputs
+    covered = np.minimum(n, chunk_layers) / chunk_layers
+    block = covered * inputs + (1.0 - covered) * kept
+    working = blend(x.block_recompute, full_set, np.minimum(n, chunk_layers) * full_set)
+    recomputed = blend(x.block_recompute, block, uniform)
+    resident = in_flight * blend(x.full_recompute, recomputed, kept) + x.full_recompute * working
+
+    offloaded = per_chunk("offloaded")
+    modules = (cfg.activation_offload > 0) & (cfg.activation_offload != OFFLOAD_LAYER)
+    # MoFa's whole-layer offload: two layers' sets and the input of every in-flight chunk
+    # (Megatron's input_tensors list) stay; fine-grained offload: the rest of every chunk stays
+    layer_offload = 2.0 * full_set + in_flight * lc.dense.input_bytes
+    module_offload = in_flight * (kept - offloaded) + 2.0 * largest("offloaded")
+    on_gpu = np.select([x.layer_offload == 1, modules], [layer_offload, module_offload], resident)
+    host = (x.layer_offload + modules) * in_flight * np.where(x.layer_offload == 1, kept, offloaded)
+    return on_gpu + rank.last * lc.head_saved, host
+
+
+def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived, mc: MemoryContext, communicators: np.ndarray) -> RankMemory:
+    dense_params, expert_params = rank_params(rank, lc, mc.tied_embeddings)
+    params = dense_params + expert_params
+    sharded = dense_params / x.shard + expert_params / x.eshard  # this rank's share of the stage's parameters
+
+    # --- parameters and ZeRO-3's gathered copies -----------------------------------------
+    kept_params = blend(x.shard_params, sharded, params)
+    layer_params = np.maximum((rank.dense > 0) * lc.dense.params, 0.0 if lc.moe is None else (rank.moe > 0) * lc.moe.params)
+    edge = np.maximum(lc.embedding_params * rank.first, rank.last * lc.head_params)
+    prefetch = 2.0 * np.maximum(layer_params, edge)  # the layer running and the next one
+    unfreed = params - sharded  # every layer stays gathered from its forward to its backward
+    gathered = x.shard_params * blend(cfg.reshard_after_forward, prefetch, unfreed)
+
+    # --- gradients ---------------------------------------------------------------------------
+    # the unsharded window at the activation peak: without pipelining the reduce buckets (two
+    # layers); with one stage per rank under 1F1B the whole rank (one window spans the step);
+    # all-forward-all-backward peaks as the first stage's backward starts (one stage's
+    # gradients); the other schedules hold their peak through the steady state, where one
+    # stage accumulates while the previous one's reduce-scatter drains (two stages)
+    vee = cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]
+    spans_step = (cfg.pp > 1) & (cfg.vp == 1) & ~vee
+    stages_alive = np.where(cfg.pp_schedule == PP_SCHEDULE_CODES["afab"], 1.0, 2.0)
+    window = np.where(cfg.pp == 1, np.minimum(2.0 * layer_params, params), np.where(spans_step, params, np.minimum(stages_alive / cfg.vp, 1.0) * params))
+    grads = blend(x.shard_grads, sharded + window, params)
+
+    # --- optimizer states (eqs. 4, 25, 27) and the step's transient copy ----------------------
+    opt_params = blend(x.shard_states, sharded, params)
+    if mc.mofa_eq4:  # MoFa eq. 4 taken literally: four D_opt copies for the whole run
+        states, transient = 4 * mc.d_opt * opt_params, 0.0 * opt_params
     else:
-        states = (3 if d_para < d_opt else 2) * d_opt * opt_params
-        transient = (d_opt if d_grad < d_opt else 0) * opt_params
-    gpu_states = blend(x.cpu, np.maximum(0.0, states - host_share_bytes), states)
-    host_states = x.cpu * np.minimum(states, host_share_bytes)
+        states = (3 if mc.d_para < mc.d_opt else 2) * mc.d_opt * opt_params
+        transient = (mc.d_opt if mc.d_grad < mc.d_opt else 0) * opt_params
+    gpu_states = blend(x.cpu, np.maximum(0.0, states - mc.host_share_bytes), states)
+    host_states = x.cpu * np.minimum(states, mc.host_share_bytes)
     gpu_transient = transient * (1.0 - x.cpu)
 
-    largest_layer = np.maximum((n_d > 0) * dense.saved_full, 0.0 if moe is None else (n_m > 0) * moe.saved_full)
-    chunk = both("activation") / cfg.vp
-    resident = in_flight * chunk + x.full_recompute * largest_layer
-    # the schedule keeps a reference to every in-flight chunk's input tensor (Megatron's
-    # input_tensors list), so offloading cannot free it
-    chunk_inputs = in_flight * dense.input_bytes
-    activations = blend(x.offload, 2.0 * largest_layer + chunk_inputs, resident) + rank.last * lc.head_saved
-    host_act = x.offload * in_flight * chunk
-
+    activations, host_activations = activation_bytes(rank, in_flight, lc, cfg, x)
+    transient_excess = np.maximum(0.0, gpu_transient - activations)
     pp_buffers = (cfg.pp > 1) * 2.0 * lc.hop_bytes
+    buffers = pp_buffers + lc.comm_buffer_bytes
+    nccl = communicators * mc.nccl_bytes_per_group
+    fragmentation = mc.fragmentation * (activations + mc.d_para * gathered + buffers + transient_excess)
     return RankMemory(
-        params=d_para * params,
-        grads=d_grad * params,
+        params=mc.d_para * kept_params,
+        grads=mc.d_grad * grads,
         optimizer=gpu_states,
+        gathered_params=mc.d_para * gathered,
         activations=activations,
-        optimizer_transient=np.maximum(0.0, gpu_transient - activations),
-        buffers=runtime_reserved_gb * GB + pp_buffers,
-        host=host_states + host_act,
+        optimizer_transient=transient_excess,
+        comm_buffers=buffers + nccl,
+        cuda_context=mc.cuda_context_bytes + 0.0 * params,
+        fragmentation=fragmentation,
+        host=host_states + host_activations,
         dense_params=dense_params,
         expert_params=expert_params,
     )
+
+
+def communicator_count(cfg: ConfigBatch, x: Derived, moe: bool) -> np.ndarray:
+    """NCCL communicators a rank uses (groups of more than one rank), as Megatron sets them up:
+    TP, CP, the data-parallel (x CP) group and HSDP's replica group, two point-to-point pairs
+    for the pipeline (previous and next rank; PyTorch makes a communicator per pair), the
+    model-parallel group (gradient-norm and loss reductions), and the expert groups."""
+    model_parallel = (cfg.tp * cfg.cp * cfg.pp > 1) * 1.0
+    count = (cfg.tp > 1) * 1.0 + (cfg.cp > 1) + 2.0 * (cfg.pp > 1) + (x.dp_cp > 1) + (x.replicas > 1) + model_parallel
+    if moe:
+        count = count + (cfg.ep > 1) + ((cfg.etp > 1) & (cfg.etp != cfg.tp)) + (x.edp > 1)
+    return count
+
+
+def nccl_and_context(hw) -> tuple[float, float]:
+    return hw.cuda_context_mib * MIB, hw.nccl_mib_per_group * MIB

@@ -99,6 +99,11 @@ class Network:
             share = share / n_j
         return Group(levels, bw, span, per_byte, latency)
 
+    def single(self, like: np.ndarray) -> Group:
+        """A group of one rank (no communication), for batches where a group is trivial."""
+        one, zero = np.ones_like(like, dtype=float), np.zeros_like(like, dtype=float)
+        return Group((one, one, one), tuple(self.bandwidth), one, zero, zero)
+
     def reduce_scatter(self, full_bytes: np.ndarray, g: Group) -> np.ndarray:
         """Reduce-scatter (or all-gather) of a buffer of `full_bytes` over the group:
         sum over levels of (n-1)/n * share / B + (n-1) * latency, the share shrinking by n

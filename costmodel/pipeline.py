@@ -1,4 +1,6 @@
-"""Pipeline-level cost model: MoFa eqs. 9-12 (interleaved 1F1B) and eq. 23 (PP overlap).
+"""Pipeline-level cost model: MoFa eqs. 9-12 (interleaved 1F1B) and eq. 23 (PP overlap), for
+the schedules people run: 1F1B, Megatron's interleaved 1F1B, Llama 3's flexible schedule,
+all-forward-all-backward (GPipe, looped when vp > 1) and DeepSeek's DualPipeV.
 
 Layer split. A configuration gives the transformer layers of the first and the last pipeline
 rank; the other ranks share the rest evenly, each over vp virtual stages. Three layouts:
@@ -9,30 +11,42 @@ rank; the other ranks share the rest evenly, each over vp virtual stages. Three 
   * uneven (Megatron --decoder-first/last-pipeline-num-layers): middle ranks hold the smallest
     multiple of vp >= L/pp, the first and last rank the rest (the first the smaller share,
     since it keeps the most activations in flight), each a multiple of vp.
-Rank r holds virtual stages r, r+pp, ..., r+(vp-1)*pp.
+Rank r holds virtual stages r, r+pp, ..., r+(vp-1)*pp; under DualPipeV (vp = 2, V shape) rank r
+holds stages r and 2pp-1-r, so rank 0 holds both the embedding and the head.
 
 Three rank classes bound everything that differs between ranks: the first (embedding, most
 activations in flight), the second (the busiest middle rank) and the last (output head and
 loss). Middle ranks are assumed alike (exact unless an MoE model's leading dense layers
-spill past the first two virtual stages, which no shipped model does).
+spill past the first two virtual stages, which no shipped model does). The schedule model takes
+per-rank times, so heterogeneous stages slot in.
+
+Which zero-bubble-family schedule: DualPipeV (DeepSeek's "cut-in-half" DualPipe; in DeepSeek's
+repository and torchtitan). It is the one with a published closed form for its bubble and
+memory (DeepSeek-V3 report Table 2 and the DualPipe README), it is what DeepSeek-V3 trained with
+(our H800 validation point), and its forward/backward pairing is the EP-overlap the model
+already has (eq. 22). Megatron's combined 1F1B is that EP overlap (ep_overlap); torchtitan's
+ZBV has no published closed form to check a model against.
 
 Pipeline time. With R_r the forward+backward time of one micro-batch on rank r (all its
-virtual stages) and m micro-batches, the interleaved 1F1B schedule takes
+virtual stages) and m micro-batches, the 1F1B-family schedules take
     T = m * max_r R_r + (sum_r R_r - max_r R_r) / vp + T_pp
 which for equal ranks is (m*vp + pp - 1) * (F_chunk + B_chunk), Narayanan et al. 2021 eq. for
 the interleaved bubble. This replaces MoFa's eqs. 9-11, whose printed steady-state term
 mixes per-chunk and per-rank quantities (v*l*T^FWD next to l*T^BWD); the sum of its three
-phases is the same expression when those are made consistent.
+phases is the same expression when those are made consistent. Llama 3's flexible schedule and
+looped all-forward-all-backward keep the bubble ratio (pp - 1)/(m*vp) (section 3.1.1); they
+differ in memory (in_flight) and in how well they hide P2P (p2p_slack).
 
 PP communication (tau = one hop of an activation micro-batch: s*b*h/cp elements, divided by tp
 with sequence parallelism, as Megatron's get_tensor_shapes sends it):
   * without overlap every forward and backward chunk-step blocks on its hop, and the fill and
     drain each add pp-1 hops on the critical path: (2*m*vp + 2*(pp-1)) * tau. For vp = 1 this
     is MoFa's steady-state count (4*m*v - 2*m + 2*p - 2) * T^PP.
-  * with overlap (eq. 23) the hops of the steady state hide behind the neighbouring chunk:
-    each adds max(beta*tau - chunk, (alpha-1)*min(chunk, beta*tau)) (beta slowing the hop,
-    alpha the chunk it overlaps), while the warm-up and cool-down chains keep vp*pp - 1
-    exposed hops each (MoFa eqs. 9 and 11 count exactly these).
+  * with overlap (eq. 23) the hops of the steady state hide behind the k chunks that run while
+    they travel (k = 1 for Megatron's schedules, 1 + nc - pp for the flexible schedule, every
+    micro-batch for afab): each adds max(beta*tau - k*chunk, (alpha-1)*min(k*chunk, beta*tau))
+    (beta slowing the hop, alpha the compute it overlaps), while the warm-up and cool-down
+    chains keep vp*pp - 1 exposed hops each (MoFa eqs. 9 and 11 count exactly these).
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import argmax3, blend, divides, floor_div
+from costmodel.configs import PP_SCHEDULE_CODES as SCHEDULE
 from costmodel.configs import ConfigBatch
 
 SPLIT_MODES = ("even", "embedding_loss", "uneven")
@@ -105,8 +120,8 @@ class RankLayers:
 
     dense: np.ndarray
     moe: np.ndarray
-    first: bool
-    last: np.ndarray  # bool array: is this class the last pipeline rank
+    first: bool  # holds the embedding
+    last: np.ndarray  # bool array: holds the output head and loss
 
     @property
     def layers(self) -> np.ndarray:
@@ -115,69 +130,129 @@ class RankLayers:
 
 def rank_classes(num_layers: int, num_dense: int, cfg: ConfigBatch) -> tuple[RankLayers, RankLayers, RankLayers]:
     """First, second and last rank (they coincide when pp is 1 or 2). The leading dense layers
-    of an MoE model fill the first virtual stage of rank 0, then that of rank 1."""
+    of an MoE model fill the first virtual stage of rank 0, then that of rank 1. Under DualPipeV
+    (V shape) rank 0 holds the first and the last virtual stage, so the embedding and the head."""
     p, v = cfg.pp, cfg.vp
+    vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
     first_n = np.where(p == 1, num_layers, cfg.first_layers)
     last_n = np.where(p == 1, num_layers, cfg.last_layers)
     second_n = np.where(p <= 2, last_n, middle_layers(num_layers, cfg))
+    first_has_head = (p == 1) | vee
+    last_has_head = ~vee
+    second_has_head = (p <= 2) & ~vee
     if num_dense >= num_layers:  # a dense model
         return (
-            RankLayers(first_n, 0 * first_n, True, p == 1),
-            RankLayers(second_n, 0 * second_n, False, p <= 2),
-            RankLayers(last_n, 0 * last_n, False, np.ones_like(p, dtype=bool)),
+            RankLayers(first_n, 0 * first_n, True, first_has_head),
+            RankLayers(second_n, 0 * second_n, False, second_has_head),
+            RankLayers(last_n, 0 * last_n, False, last_has_head),
         )
     chunk0 = floor_div(first_n, v)
     d_first = np.minimum(num_dense, chunk0)
     d_first = np.where(p == 1, num_dense, d_first)
     d_second = np.where(p == 1, d_first, np.minimum(np.maximum(num_dense - chunk0, 0), floor_div(second_n, v)))
     d_last = np.where(p == 1, d_first, np.where(p == 2, d_second, 0))
-    first = RankLayers(d_first, first_n - d_first, True, p == 1)
-    second = RankLayers(d_second, second_n - d_second, False, p <= 2)
-    last = RankLayers(d_last, last_n - d_last, False, np.ones_like(p, dtype=bool))
+    first = RankLayers(d_first, first_n - d_first, True, first_has_head)
+    second = RankLayers(d_second, second_n - d_second, False, second_has_head)
+    last = RankLayers(d_last, last_n - d_last, False, last_has_head)
     return first, second, last
 
 
-def in_flight(rank, cfg: ConfigBatch, microbatches) -> np.ndarray:
-    """Micro-batch chunks whose activations rank `rank` holds at its peak (eq. 5's factor).
+def group_size(cfg: ConfigBatch) -> np.ndarray:
+    """Consecutive micro-batches per round of a virtual stage (Llama 3's nc; Megatron's
+    --microbatch-group-size-per-virtual-pipeline-stage, default pp)."""
+    return np.where(cfg.pp_group > 0, cfg.pp_group, cfg.pp)
 
-    Interleaved (vp > 1): Megatron warms up (pp - r - 1)*2 + (vp - 1)*pp chunks and holds one
-    more in the first steady step: vp*pp + pp - 2r - 1, MoFa's eq. 5 exactly. Non-interleaved
-    (vp = 1): Megatron warms up pp - r - 1, so pp - r are held -- eq. 5 would give
-    2pp - 2r - 1 there, which overstates rank 0 by pp - 1 micro-batches. Capped at m*vp."""
-    p, v = cfg.pp, cfg.vp
-    count = blend(v > 1, v * p + p - 2 * rank - 1, p - rank)
+
+def in_flight(rank, cfg: ConfigBatch, microbatches) -> np.ndarray:
+    """Micro-batch chunks (one virtual stage's activations for one micro-batch) that rank
+    `rank` holds at its peak (eq. 5's factor), by schedule:
+      * 1f1b (vp = 1): Megatron warms up pp - r - 1, so pp - r are held (eq. 5 would give
+        2pp - 2r - 1, which overstates rank 0 by pp - 1 micro-batches);
+      * interleaved_1f1b: warm-up (pp - r - 1)*2 + (vp - 1)*pp, one more in the first steady
+        step: vp*pp + pp - 2r - 1, MoFa's eq. 5 exactly;
+      * flexible (Llama 3 section 3.1.1): warm-up (vp - 1)*nc + 2*(pp - r - 1) (the paper prints
+        "pp - ppr*v - 1", negative for ppr >= pp/v: a typo; at ppr = 0 it agrees), i.e.
+        (nc - pp)*(vp - 1) more than interleaved when nc > pp;
+      * afab (GPipe; looped when vp > 1): every chunk of every micro-batch;
+      * dualpipev: 2*pp + 1 chunks on every rank (DeepSeek's DualPipe table: PP + 1 stage
+        activations for PP stages on PP/2 devices);
+    capped at m*vp."""
+    p, v, s = cfg.pp, cfg.vp, cfg.pp_schedule
+    r = rank
+    nc = group_size(cfg)
+    count = np.select(
+        [s == SCHEDULE["1f1b"], s == SCHEDULE["interleaved_1f1b"], s == SCHEDULE["flexible"], s == SCHEDULE["afab"]],
+        [p - r, v * p + p - 2 * r - 1, (v - 1) * nc + 2 * (p - r - 1) + 1, microbatches * v],
+        2 * p + 1,
+    )
     return np.minimum(count, microbatches * v)
+
+
+def grad_windows(cfg: ConfigBatch, microbatches) -> np.ndarray:
+    """Gradient reduce-scatters of one virtual stage per step under ZeRO-2/3: the unsharded
+    gradients live through one run of consecutive backward micro-batches of the stage (Llama 3
+    Figure 4). Without pipelining that is every micro-batch (DeepSpeed's ZeRO-2, FSDP's
+    SHARD_GRAD_OP under gradient accumulation); 1F1B with one stage per rank and all-forward-
+    all-backward run the stage's backwards back to back (one window); the interleaved schedule
+    every round of nc micro-batches; DualPipeV every micro-batch."""
+    s = cfg.pp_schedule
+    rounds = microbatches / group_size(cfg)
+    per_schedule = np.select(
+        [s == SCHEDULE["1f1b"], s == SCHEDULE["afab"], s == SCHEDULE["dualpipev"]],
+        [1.0 + 0.0 * rounds, 1.0 + 0.0 * rounds, microbatches + 0.0 * rounds],
+        rounds,
+    )
+    return np.maximum(np.where(cfg.pp == 1, microbatches, per_schedule), 1.0)
+
+
+def p2p_slack(cfg: ConfigBatch, microbatches) -> np.ndarray:
+    """Chunks of compute that can hide one pipeline hop in the steady state with asynchronous
+    P2P: one neighbouring chunk (Megatron's --overlap-p2p-communication), plus the extra
+    micro-batches of a round beyond pp (Llama 3 Figure 3); afab has every micro-batch queued."""
+    s = cfg.pp_schedule
+    extra = np.where(s == SCHEDULE["flexible"], np.maximum(group_size(cfg) - cfg.pp, 0.0), 0.0)
+    return np.where(s == SCHEDULE["afab"], microbatches * cfg.vp, 1.0 + extra)
 
 
 @dataclass(frozen=True)
 class PipelineTime:
     total: np.ndarray
-    bubble: np.ndarray  # (sum_r R_r - max_r R_r) / vp
+    bubble: np.ndarray
     pp_exposed: np.ndarray
     bottleneck: tuple  # masks of the rank class with the most work (first, second, last)
     pp_without_overlap: np.ndarray  # the exposed PP time without overlap ...
     pp_overlap_floor: np.ndarray  # ... and the part overlap cannot hide (warm-up and cool-down chains)
 
 
-def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, pp_overlap_coef) -> PipelineTime:
+def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, chunk_w, pp_overlap_coef) -> PipelineTime:
     """rank_work: per-micro-batch forward+backward time of the first, second and last rank
-    classes; chunk_f/chunk_b: forward/backward time of one virtual-stage chunk (for eq. 23)."""
+    classes; chunk_f/chunk_b/chunk_w: forward, backward and its weight-gradient part of one
+    virtual-stage chunk of the busiest middle rank (eq. 23, DualPipeV's bubble).
+
+    1f1b, interleaved, flexible and afab: T = m * max_r R_r + (sum_r R_r - max_r R_r) / vp, the
+    bubble ratio (pp - 1) / (m * vp) of Narayanan et al. and Llama 3 section 3.1.1 for equal
+    ranks. DualPipeV: m * max_r R_r + (pp - 1) * (F&B + B - 3W) per chunk (DeepSeek-V3 report
+    Table 2, with PP/2 = pp devices), F&B = F + B: what overlapping a forward with a backward
+    hides is the expert all-to-all, which ep_overlap (eq. 22) already takes off."""
     p, v = cfg.pp, cfg.vp
     r0, r1, r2 = rank_work
     r_max = np.maximum(np.maximum(r0, r1), r2)
     total_work = blend(p == 1, r0, r0 + r2 + np.maximum(p - 2, 0) * r1)
     steady = microbatches * r_max
-    bubble = (total_work - r_max) / v
+    vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
+    dualpipe_bubble = (p - 1) * np.maximum(chunk_f + 2.0 * chunk_b - 3.0 * chunk_w, 0.0)
+    bubble = np.where(vee, dualpipe_bubble, (total_work - r_max) / v)
 
-    no_overlap = (2 * microbatches * v + 2 * (p - 1)) * hop
+    no_overlap = (p > 1) * (2 * microbatches * v + 2 * (p - 1)) * hop
     c = pp_overlap_coef
+    slack = p2p_slack(cfg, microbatches)
 
-    def exposed(chunk):  # eq. 23 per hop: what the overlapped region adds beyond the chunk
+    def exposed(chunk):  # eq. 23 per hop: what the overlapped region adds beyond the chunks hiding it
         comm = c.beta * hop
-        return np.maximum(comm - chunk, (c.alpha - 1.0) * np.minimum(chunk, comm))
+        window = slack * chunk
+        return np.maximum(comm - window, (c.alpha - 1.0) * np.minimum(window, comm))
 
     steady_hidden = microbatches * v * (exposed(chunk_f) + exposed(chunk_b))
     floor = (p > 1) * 2 * (v * p - 1) * hop
-    no_overlap = (p > 1) * no_overlap
-    pp = blend(cfg.pp_overlap == 1, floor + steady_hidden, no_overlap)
+    pp = blend((cfg.pp_overlap == 1) | vee, floor + steady_hidden, no_overlap)
     return PipelineTime(steady + bubble + pp, bubble, pp, argmax3(r0, r1, r2), no_overlap, floor)

@@ -39,6 +39,8 @@ class LayerGroups:
 
     tp: Group
     cp: Group
+    cp_inner: Group  # a2a+p2p: the all-to-all groups (consecutive CP ranks) ...
+    cp_outer: Group  # ... and the ring across them
     ep: Group
     etp: Group
 
@@ -61,16 +63,29 @@ def _layout(order: list[str], cfg: ConfigBatch):
 @dataclass(frozen=True)
 class StageGroups:
     pp: Group
-    dp: Group
+    dp: Group  # the dp*cp ranks that hold the same dense parameters
+    shard: Group  # ZeRO / FSDP sharding group: the whole dp group, or HSDP's inner shard group
+    replica: Group  # HSDP: the shard groups' corresponding ranks (size 1 without HSDP)
     edp: Group
 
 
 def stage_groups(order: list[str], cfg: ConfigBatch, net: Network) -> StageGroups:
-    """The groups that depend on the pipeline and data-parallel sizes (per configuration)."""
+    """The groups that depend on the pipeline and data-parallel sizes (per configuration).
+    HSDP shards over consecutive ranks of the dp*cp group (the innermost, best connected) and
+    replicates across them (torchtitan's data_parallel_shard_degree x replicate_degree)."""
     t, c, d, e, etp, edp, strides, stage = _layout(order, cfg)
+    dp_factors = _take(stage, t, c * d)
+    dp = net.group(dp_factors)
+    if np.any(cfg.dp_shard > 0):
+        shard_size = np.where(cfg.dp_shard > 0, cfg.dp_shard, c * d)
+        shard, replica = net.group(_take(dp_factors, 1.0, shard_size)), net.group(_take(dp_factors, shard_size, c * d / shard_size))
+    else:  # no HSDP in the batch: the sharding group is the data-parallel group
+        shard, replica = dp, net.single(c)
     return StageGroups(
         pp=net.group([(strides["pp"], cfg.pp.astype(float))]),
-        dp=net.group(_take(stage, t, c * d)),
+        dp=dp,
+        shard=shard,
+        replica=replica,
         edp=net.group(_take(stage, etp * e, edp)),
     )
 
@@ -78,9 +93,17 @@ def stage_groups(order: list[str], cfg: ConfigBatch, net: Network) -> StageGroup
 def place(order: list[str], cfg: ConfigBatch, net: Network) -> LayerGroups:
     """The TP, CP, EP and expert-TP groups of each configuration."""
     t, c, d, e, etp, edp, strides, stage = _layout(order, cfg)
+    cp = net.group([(strides["cp"], c)])
+    if np.any(cfg.cp_a2a > 0):
+        inner = np.where(cfg.cp_a2a > 0, cfg.cp_a2a, 1.0)
+        cp_inner, cp_outer = net.group([(strides["cp"], inner)]), net.group([(strides["cp"] * inner, c / inner)])
+    else:  # no hierarchical CP in the batch: skip building the sub-groups
+        cp_inner, cp_outer = net.single(c), cp
     return LayerGroups(
         tp=net.group([(strides["tp"], t)]),
-        cp=net.group([(strides["cp"], c)]),
+        cp=cp,
+        cp_inner=cp_inner,
+        cp_outer=cp_outer,
         ep=net.group(_take(stage, etp, e)),
         etp=net.group(_take(stage, 1.0, etp)),
     )

@@ -13,7 +13,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from costmodel.units import DTYPE_BYTES
+from costmodel.units import DTYPE_BYTES, MIB
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FeatureMode = Literal["allowed", "on", "off"]
@@ -178,7 +178,11 @@ class HardwareSpec(Spec):
     name: str
     source: str = ""
     peak_tflops: dict[Dtype, float] = Field(description="dense tensor-core peak per dtype, per GPU")
-    memory_gb: float = Field(gt=0)
+    memory_mib: int = Field(
+        gt=0,
+        description="device memory as the GPU exposes it, in MiB (nvidia-smi's 'Total'; an '80 GB' H100 SXM shows "
+        "81,559 MiB): the capacity every peak is compared with, byte for byte",
+    )
     memory_bandwidth_gb_per_s: float = Field(gt=0)
     host_memory_gb_per_node: float = Field(gt=0)
     h2d_gb_per_s: float = Field(gt=0)
@@ -190,10 +194,32 @@ class HardwareSpec(Spec):
     cpu_optimizer_params_per_s: float = Field(
         default=2e9, gt=0, description="Adam parameters a GPU's share of host cores updates per second"
     )
-    runtime_reserved_gb: float = Field(
-        default=3.0, ge=0, description="CUDA context, NCCL communicators, cuBLAS workspaces, allocator slack"
+    cuda_context_mib: int = Field(
+        default=600,
+        ge=0,
+        description="memory a training process holds outside PyTorch's allocator: the CUDA context with its loaded "
+        "kernels (~400-600 MiB on Ampere/Hopper with CUDA 12 lazy loading) and the cuBLAS/cuBLASLt workspaces "
+        "(32 MiB per stream on Hopper, PyTorch's default CUBLAS_WORKSPACE_CONFIG)",
+    )
+    tp_overlap_buffers: int = Field(
+        default=8,
+        ge=0,
+        description="activation-sized [s*b, h] staging buffers the TP-overlap kernels keep: Transformer Engine's "
+        "userbuffers hold one per overlapped GEMM and direction (QKV, projection, FC1, FC2, forward and data-gradient: 8); "
+        "fused compute-communication kernels that stage nothing: 0",
+    )
+    nccl_mib_per_group: int = Field(
+        default=512,
+        ge=0,
+        description="NCCL's own buffers per communicator a rank uses: per channel and peer the Simple protocol's "
+        "NCCL_BUFFSIZE (4 MiB) and LL128's ~4.5 MiB, up to 32 channels on NVLink, for ring and tree: ~0.5 GiB "
+        "(NVLink SHARP adds more)",
     )
     efficiency: EfficiencyProfile = EfficiencyProfile()
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
@@ -252,9 +278,14 @@ class ClusterSpec(Spec):
 # Training job
 # --------------------------------------------------------------------------------------
 class DtypeSpec(Spec):
-    params: Dtype = "bf16"
-    grads: Dtype = Field(default="fp32", description="Megatron accumulates bf16 grads in fp32 by default")
-    optimizer: Dtype = "fp32"
+    params: Dtype = Field(default="bf16", description="the weights the forward and backward read (D_para)")
+    grads: Dtype = Field(
+        default="fp32",
+        description="the gradient buffer: accumulation across micro-batches and the data-parallel reduction "
+        "(Megatron --accumulate-allreduce-grads-in-fp32 / ddp.grad_reduce_in_fp32, NeMo grad_reduce_in_fp32, "
+        "torchtitan mixed_precision_reduce, DeepSpeed data_types.grad_accum_dtype); D_grad",
+    )
+    optimizer: Dtype = Field(default="fp32", description="master weights and Adam moments (D_opt)")
     activations: Dtype = "bf16"
     compute: Dtype = Field(default="bf16", description="GEMM input dtype; fp8 uses the fp8 peak")
 
@@ -279,6 +310,19 @@ class TrainingSpec(Spec):
     moe_routing_imbalance: float = Field(
         default=1.0, ge=1, description="tokens received by the busiest expert rank / balanced share (MemFine)"
     )
+    mean_document_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="document masks (Llama 3): packed sequences hold documents of this mean length and tokens attend "
+        "only inside their document; None = one causal sequence. Cuts the attention work and unbalances CP ranks",
+    )
+    allocator_fragmentation: float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description="share of the transient allocations (activations, gathered parameters, communication buffers, "
+        "the optimizer's transient copy) the caching allocator reserves beyond what tensors use",
+    )
 
     @model_validator(mode="after")
     def _steps(self):
@@ -301,16 +345,37 @@ class TrainingSpec(Spec):
 # --------------------------------------------------------------------------------------
 # Features, fault tolerance, search space, fixed configuration
 # --------------------------------------------------------------------------------------
+#: on/off switches a configuration carries and a search may leave open
 FEATURES = (
     "tp_overlap",
     "cp_overlap",
     "ep_overlap",
     "pp_overlap",
     "dp_overlap",
-    "distributed_optimizer",
     "cpu_optimizer",
-    "activation_offload",
 )
+
+#: pipeline schedules (Megatron-LM, Llama 3 ISCA'25 section 3.1, GPipe, DeepSeek's DualPipeV)
+PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev")
+#: context-parallel attention: ring (Megatron/TE p2p), Llama 3's all-gather, Ulysses all-to-all,
+#: Megatron's hierarchical all-to-all inside + ring across (--cp-comm-type a2a+p2p)
+CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p")
+#: Megatron-Core --recompute-modules (selective recompute)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
+#: Megatron-Core --offload-modules (fine-grained activation offloading)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj"]
+OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
+PPSchedule = Literal["1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev"]
+CPComm = Literal["p2p", "all_gather", "a2a", "a2a+p2p"]
+#: an activation-offload setting: off, MoFa's whole-layer offload (eqs. 33-35; Megatron's
+#: --cpu-offloading), or Megatron's fine-grained offload of these modules' saved inputs
+OffloadSetting = Union[bool, Literal["layer"], list[OffloadModule]]
+
+
+def _yaml_boolean(v):
+    """YAML 1.1 reads an unquoted on/off as a boolean."""
+    return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
 class FeaturesSpec(Spec):
@@ -321,16 +386,37 @@ class FeaturesSpec(Spec):
     ep_overlap: FeatureMode = "allowed"
     pp_overlap: FeatureMode = "allowed"
     dp_overlap: FeatureMode = "allowed"
-    distributed_optimizer: FeatureMode = "allowed"
     cpu_optimizer: FeatureMode = "allowed"
-    activation_offload: FeatureMode = "allowed"
+    activation_offload: FeatureMode = Field(default="allowed", description="the settings tried are search.activation_offload")
     recompute: list[RecomputeMode] = ["none", "selective", "full"]
+    zero_stage: list[Literal[0, 1, 2, 3]] = Field(
+        default=[0, 1, 2, 3],
+        description="data-parallel sharding the search may use: 0 DDP, 1 optimizer states (Megatron's distributed "
+        "optimizer), 2 + gradients, 3 + parameters (FSDP / ZeRO-3)",
+    )
+    fsdp_reshard_after_forward: FeatureMode = Field(
+        default="allowed", description="ZeRO-3: free the gathered parameters after the forward (FSDP's default)"
+    )
 
-    @field_validator(*FEATURES, mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _distributed_optimizer_alias(cls, data):
+        """`distributed_optimizer: on|off|allowed` (Megatron's switch) reads as zero_stage [1] / [0] / [0, 1]."""
+        if isinstance(data, dict) and "distributed_optimizer" in data:
+            data = dict(data)
+            mode = _yaml_boolean(data.pop("distributed_optimizer"))
+            if "zero_stage" in data:
+                raise ValueError("distributed_optimizer: give zero_stage or distributed_optimizer, not both")
+            choices = {"on": [1], "off": [0], "allowed": [0, 1]}
+            if mode not in choices:
+                raise ValueError(f"distributed_optimizer: must be on, off or allowed (got {mode!r})")
+            data["zero_stage"] = choices[mode]
+        return data
+
+    @field_validator(*FEATURES, "activation_offload", "fsdp_reshard_after_forward", mode="before")
     @classmethod
     def _yaml_booleans(cls, v):
-        """YAML 1.1 reads an unquoted on/off as a boolean."""
-        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+        return _yaml_boolean(v)
 
     @field_validator("recompute", mode="before")
     @classmethod
@@ -338,6 +424,13 @@ class FeaturesSpec(Spec):
         if isinstance(v, str):
             return ["none", "selective", "full"] if v == "allowed" else [v]
         return v
+
+    @field_validator("recompute", "zero_stage")
+    @classmethod
+    def _not_empty(cls, v):
+        if not v:
+            raise ValueError("an empty list admits no configuration")
+        return sorted(set(v), key=v.index)
 
 
 class FaultToleranceSpec(Spec):
@@ -384,6 +477,16 @@ class FaultToleranceSpec(Spec):
 IntChoices = list[int] | None
 
 
+def _positive_sorted(v):
+    if v is not None:
+        if not v:
+            raise ValueError("an empty list admits no configuration")
+        if any(x <= 0 for x in v):
+            raise ValueError("values must be positive")
+        return sorted(set(v))
+    return v
+
+
 class SearchSpec(Spec):
     """Narrowing of the search space; None = every value the rules admit."""
 
@@ -397,19 +500,46 @@ class SearchSpec(Spec):
     layer_split: list[SplitMode] = Field(
         default=["even", "embedding_loss", "uneven"], description="layer layouts the search may use (pipeline.split_layers)"
     )
+    pp_schedule: list[PPSchedule] = Field(
+        default=list(PP_SCHEDULES), description="pipeline schedules the search may use (where pp > 1)"
+    )
+    pp_group: IntChoices = Field(
+        default=None,
+        description="flexible schedule: micro-batches per round nc (> pp); default 2*pp where the micro-batches allow",
+    )
+    cp_comm: list[CPComm] = Field(default=list(CP_COMMS), description="context-parallel attention variants (where cp > 1)")
+    cp_a2a: IntChoices = Field(default=None, description="a2a+p2p: the all-to-all degree inside CP; default every proper divisor > 1")
+    dp_shard: IntChoices = Field(
+        default=None,
+        description="hybrid sharding (HSDP): sharding-group sizes to try besides the whole dp*cp group; default none",
+    )
+    recompute_modules: list[list[RecomputeModule]] = Field(
+        default=[["core_attn"]], description="selective recompute: the module sets to try (Megatron --recompute-modules)"
+    )
+    recompute_block_layers: IntChoices = Field(
+        default=None,
+        description="full recompute with method block: layers per virtual stage recomputed; default the powers of two "
+        "below the stage's layer count (method uniform with 1 layer is always tried)",
+    )
+    activation_offload: list[OffloadSetting] = Field(
+        default=[False, "layer"], description="offload settings the search may use when features.activation_offload allows"
+    )
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
     objective: Literal["step", "e2e"] = "step"
     max_interval: int = Field(default=100000, gt=0)
 
-    @field_validator("tp", "cp", "pp", "vp", "ep", "etp", "mbs")
+    @field_validator("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "pp_group", "cp_a2a", "dp_shard", "recompute_block_layers")
     @classmethod
     def _positive_ints(cls, v):
-        if v is not None:
-            if not v:
-                raise ValueError("an empty list admits no configuration")
-            if any(x <= 0 for x in v):
-                raise ValueError("values must be positive")
-            return sorted(set(v))
+        return _positive_sorted(v)
+
+    @field_validator("pp_schedule", "cp_comm", "layer_split", "recompute_modules", "activation_offload")
+    @classmethod
+    def _not_empty(cls, v):
+        if not v:
+            raise ValueError("an empty list admits no configuration")
+        if any(isinstance(x, list) and not x for x in v):
+            raise ValueError("an empty module list: leave the setting out instead")
         return v
 
 
@@ -427,18 +557,90 @@ class ConfigSpec(Spec):
     layer_split: SplitMode | Literal["auto"] = "auto"
     first_stage_layers: int | None = Field(default=None, gt=0, description="Megatron --decoder-first-pipeline-num-layers")
     last_stage_layers: int | None = Field(default=None, gt=0, description="Megatron --decoder-last-pipeline-num-layers")
+    pp_schedule: PPSchedule | None = Field(default=None, description="default: 1f1b, or interleaved_1f1b when vp > 1")
+    pp_group: int | None = Field(
+        default=None, gt=0, description="flexible schedule: consecutive micro-batches per round, nc (Llama 3 section 3.1.1)"
+    )
+    cp_comm: CPComm = Field(default="p2p", description="Megatron --cp-comm-type")
+    cp_a2a: int | None = Field(
+        default=None, gt=1, description="a2a+p2p: all-to-all degree inside CP (Megatron --hierarchical-context-parallel-sizes)"
+    )
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        default=0, description="0 DDP, 1 optimizer states sharded (Megatron's distributed optimizer), 2 + gradients, 3 + parameters (FSDP)"
+    )
+    reshard_after_forward: bool | None = Field(
+        default=None, description="ZeRO-3: free gathered parameters after the forward; default true (FSDP's default)"
+    )
+    dp_shard: int | None = Field(
+        default=None, gt=0, description="hybrid sharding (HSDP): ranks in a sharding group; default the whole dp*cp group"
+    )
     recompute: RecomputeMode = "none"
+    recompute_method: Literal["uniform", "block"] = Field(
+        default="uniform", description="full recompute: Megatron --recompute-method"
+    )
+    recompute_num_layers: int | None = Field(
+        default=None,
+        gt=0,
+        description="full recompute: uniform = layers per checkpointed group (default 1); block = layers recomputed "
+        "in each virtual stage (default all)",
+    )
+    recompute_modules: list[RecomputeModule] | None = Field(
+        default=None, description="selective recompute: Megatron --recompute-modules (default core_attn)"
+    )
     tp_overlap: bool = False
     cp_overlap: bool = False
     ep_overlap: bool = False
     pp_overlap: bool = False
     dp_overlap: bool = False
-    distributed_optimizer: bool = False
     cpu_optimizer: bool = False
-    activation_offload: bool = False
+    activation_offload: OffloadSetting = Field(
+        default=False,
+        description="true or 'layer': MoFa's whole-layer offload (eqs. 33-35); a list: Megatron's fine-grained offload of these modules",
+    )
     checkpoint_interval: int | Literal["optimal"] | None = Field(
         default=None, description="None: the fault_tolerance section's"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _distributed_optimizer_alias(cls, data):
+        """`distributed_optimizer: true` (Megatron's --use-distributed-optimizer) is zero_stage 1."""
+        if isinstance(data, dict) and "distributed_optimizer" in data:
+            data = dict(data)
+            value = data.pop("distributed_optimizer")
+            if not isinstance(value, bool):
+                raise ValueError(f"distributed_optimizer: must be true or false (got {value!r})")
+            stage = data.get("zero_stage")
+            if stage is not None and (stage >= 1) != value:
+                raise ValueError(f"distributed_optimizer: {value} contradicts zero_stage {stage}")
+            data.setdefault("zero_stage", 1 if value else 0)
+        return data
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _modules_not_empty(cls, v):
+        if v is not None and not v:
+            raise ValueError("an empty module list: use recompute: none instead")
+        return v
+
+    @field_validator("recompute_modules", "recompute_method", "recompute_num_layers", "pp_group", "cp_a2a", "reshard_after_forward")
+    @classmethod
+    def _settings_of_other_modes(cls, v, info):
+        """A setting that belongs to a mode the configuration does not use is a mistake, not
+        something to ignore silently (each field comes after the mode it depends on)."""
+        needs = {
+            "recompute_modules": ("recompute", "selective"),
+            "recompute_method": ("recompute", "full"),
+            "recompute_num_layers": ("recompute", "full"),
+            "pp_group": ("pp_schedule", "flexible"),
+            "cp_a2a": ("cp_comm", "a2a+p2p"),
+            "reshard_after_forward": ("zero_stage", 3),
+        }
+        mode, value = needs[info.field_name]
+        unset = v is None or (info.field_name == "recompute_method" and v == "uniform") or (info.field_name == "reshard_after_forward" and v is False)
+        if not unset and mode in info.data and info.data[mode] != value:
+            raise ValueError(f"applies to {mode}: {value} only")
+        return v
 
 
 # --------------------------------------------------------------------------------------
@@ -479,17 +681,6 @@ class Problem(Spec):
         dtype = self.training.dtypes.compute
         if dtype not in self.hardware.peak_tflops:
             raise ValueError(f"training.dtypes.compute: {self.hardware.name} has no peak for {dtype} (it lists {', '.join(self.hardware.peak_tflops)})")
-        return self
-
-    @model_validator(mode="after")
-    def _config_rules(self):
-        if self.config is not None:
-            from costmodel.rules import config_violations
-
-            problems = config_violations(self, self.config)
-            if problems:
-                field, message = problems[0]
-                raise ValueError(f"config.{field}: {message}")
         return self
 
 

@@ -1,7 +1,13 @@
-"""Unit constants. Memory is reported in GB = 1e9 bytes (MoFa Tables 5-7 use decimal GB:
-its Table 7 rows differ by exactly 4 bytes x 8 layers x 398.46M params = 12.75e9 bytes)."""
+"""Unit constants.
+
+Memory is counted in bytes. Capacities are what the GPU exposes (nvidia-smi's MiB); reports
+print GiB (2**30 bytes, PyTorch's and torchtitan's unit). MoFa's Tables 5-7 use decimal GB
+(its Table 7 rows differ by exactly 4 bytes x 8 layers x 398.46M params = 12.75e9 bytes), so
+checks against MoFa convert with GB = 1e9."""
 
 GB = 1e9
+MIB = 2**20
+GIB = 2**30
 TFLOP = 1e12
 US = 1e-6
 SECONDS_PER_DAY = 86400.0

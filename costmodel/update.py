@@ -1,10 +1,19 @@
 """Optimizer-level cost model: MoFa eq. 13 (T^Opt = T^DP + T^update) with DP overlap (eq. 24),
-the distributed optimizer (eq. 26) and the CPU optimizer (eq. 28).
+ZeRO sharding (eqs. 25-26 generalised) and the CPU optimizer (eq. 28); and the per-micro-batch
+data-parallel traffic of ZeRO-2/3 that runs inside the pipeline.
 
 Gradients of dense parameters are reduced over the CP x DP ranks (CP ranks share weights,
-Llama 3 section 4), those of expert parameters over the expert-data-parallel ranks.
-Without the distributed optimizer this is an all-reduce of the gradients; with it, a
-reduce-scatter of the gradients and an all-gather of the updated parameters (ZeRO-1).
+Llama 3 section 4), those of expert parameters over the expert-data-parallel ranks. What runs
+once per step, after the last backward (trailing) and before the next forward (leading):
+  * ZeRO-0 (DDP): an all-reduce of the gradients (trailing);
+  * ZeRO-1 (Megatron's distributed optimizer): a reduce-scatter of the gradients (trailing) and an
+    all-gather of the updated parameters (leading);
+  * ZeRO-2: the reduce-scatter of the last gradient window (trailing; the earlier windows run
+    inside the pipeline, see `window_traffic`) and the parameter all-gather (leading);
+  * ZeRO-3 (FSDP): the last window's reduce-scatter only; parameters are gathered layer by layer
+    inside the pipeline (`zero3_gathers`).
+With hybrid sharding (HSDP) a reduce-scatter inside the shard group is followed by an
+all-reduce of the shard across the replicas, and gathers stay inside the shard group.
 
 DP overlap (eq. 24): the gradients of virtual stage i+1 reduce while stage i runs backward;
 the parameters of stage j+1 gather while stage j runs forward. Only the first unit is exposed
@@ -19,7 +28,7 @@ bucket (40M parameters by default) and the window the last micro-batch's backwar
 GPU Adam update (eq. 13's P^Opt, counted rather than profiled): per parameter it reads the
 master weight (if the weights are narrower than D_opt), both moments and the gradient (upcast
 to D_opt) and writes them back with the model weight, at the memory-bound fraction of HBM
-bandwidth. Sharded over DP by the distributed optimizer (eq. 26).
+bandwidth, on the rank's shard (eq. 26).
 
 CPU optimizer (eq. 28): parameters / host Adam throughput + gradients device-to-host +
 parameters host-to-device. (Eq. 28 as printed divides gradients by B^h2d and parameters by
@@ -60,6 +69,13 @@ def exposed_after_overlap(total, units, window, coef, on):
     return blend(on, first + extra, total)
 
 
+def hidden(comm, window, coef, on):
+    """A transfer that overlaps `window` seconds of compute entirely (no exposed first unit):
+    what it adds beyond the window (eq. 24's overlapped region); all of it without overlap."""
+    rest = coef.beta * comm
+    return blend(on, np.maximum(rest - window, (coef.alpha - 1.0) * np.minimum(window, rest)), comm)
+
+
 def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
     """Reads: master weight (when the weights are narrower than D_opt), both moments, the
     gradient upcast to D_opt; writes: the same states and the model weight."""
@@ -67,32 +83,81 @@ def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
     return states + d_opt + states + d_para
 
 
-def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool) -> OptimizerTime:
-    """DP communication and update of one pipeline rank holding `dense_params` + `expert_params`.
-    window_b/window_f: compute that can hide the gradient reduce-scatter / parameter all-gather;
-    units_v: virtual stages on the rank (1 means bucket-granular overlap)."""
-    d_para, d_grad, d_opt = dtypes
-    dist = x.dist
-    gather_bytes = d_grad + dist * (d_para - d_grad)  # ZeRO-1 gathers weights; all-reduce's 2nd half gathers grads
-    rs = net.reduce_scatter(d_grad * dense_params, groups.dp)
-    ag = net.all_gather(gather_bytes * dense_params, groups.dp)
+def reduce_scatter_grads(nbytes, expert_nbytes, x, groups, net, moe: bool):
+    """Reduce-scatter of gradient bytes (dense over the sharding group, then HSDP's all-reduce of
+    the shard across replicas; experts over expert-DP)."""
+    rs = net.reduce_scatter(nbytes, groups.shard)
+    if np.any(x.replicas > 1):
+        rs = rs + net.all_reduce(nbytes / x.shard, groups.replica)
     if moe:
-        rs = rs + net.reduce_scatter(d_grad * expert_params, groups.edp)
-        ag = ag + net.all_gather(gather_bytes * expert_params, groups.edp)
+        rs = rs + net.reduce_scatter(expert_nbytes, groups.edp)
+    return rs
+
+
+def gather_params(nbytes, expert_nbytes, groups, net, moe: bool):
+    ag = net.all_gather(nbytes, groups.shard)
+    if moe:
+        ag = ag + net.all_gather(expert_nbytes, groups.edp)
+    return ag
+
+
+def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool) -> OptimizerTime:
+    """Step-level DP communication and update of one pipeline rank holding `dense_params` +
+    `expert_params`. window_b/window_f: compute that can hide the gradient reduction / parameter
+    all-gather; units_v: virtual stages on the rank (1 means bucket-granular overlap)."""
+    d_para, d_grad, d_opt = dtypes
+    sharded = x.shard_states
+    all_reduce = 0.0 * dense_params
+    if np.any(sharded == 0):
+        all_reduce = 2.0 * net.reduce_scatter(d_grad * dense_params, groups.dp)
+        if moe:
+            all_reduce = all_reduce + 2.0 * net.reduce_scatter(d_grad * expert_params, groups.edp)
+    rs = reduce_scatter_grads(d_grad * dense_params, d_grad * expert_params, x, groups, net, moe)
+    ag = gather_params(d_para * dense_params, d_para * expert_params, groups, net, moe)
+    # every stage's last gradient window reduces in the cool-down (ZeRO-2/3's earlier windows:
+    # window_traffic, inside the pipeline)
+    trailing = blend(sharded, rs, all_reduce)
+    leading = sharded * (1.0 - x.shard_params) * ag
     params = dense_params + expert_params
     bucket = np.maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP_RANK * x.dp_cp)
     units = blend(x.interleaved, units_v, np.maximum(1.0, np.ceil(params / bucket)))
     on = x.dp_overlap
     coef = hw.efficiency.dp_overlap
-    # distributed optimizer: the reduce-scatter trails the backward, the parameter all-gather
-    # leads the next forward; without it the whole all-reduce trails the backward
-    trailing = rs + ag * (1.0 - dist)  # follows the backward
-    leading = ag * dist  # the distributed optimizer's parameter all-gather leads the next forward
     exposed = exposed_after_overlap(trailing, units, window_b, coef, on) + exposed_after_overlap(leading, units, window_f, coef, on)
 
-    local = blend(dist, dense_params / x.dp_cp + expert_params / x.edp, params)
+    local = blend(sharded, dense_params / x.shard + expert_params / x.eshard, params)
     gpu_update = comp.memory_time(adam_bytes_per_param(d_para, d_opt) * local, ADAM_KERNELS)
     eff = hw.efficiency.host_link_efficiency
     cpu_update = local / hw.cpu_optimizer_params_per_s + d_grad * local / (hw.d2h_gb_per_s * eff * GB) + d_para * local / (hw.h2d_gb_per_s * eff * GB)
     update = blend(x.cpu, cpu_update, gpu_update)
     return OptimizerTime(exposed, update)
+
+
+def window_traffic(dense_params, expert_params, vp, x, groups, net, hw, d_grad, windows, window_compute, moe: bool):
+    """ZeRO-2/3: the reduce-scatters of the gradient windows before each stage's last, per step,
+    of one rank (its vp virtual stages), each hidden behind the next window's compute when DP
+    overlap is on (what it adds beyond that compute is exposed) and exposed otherwise.
+    windows: gradient windows per virtual stage per step (pipeline.grad_windows);
+    window_compute: the compute one window's reduce-scatter can hide behind."""
+    if not np.any(x.shard_grads):
+        return 0.0 * dense_params
+    rs_stage = reduce_scatter_grads(d_grad * dense_params / vp, d_grad * expert_params / vp, x, groups, net, moe)
+    earlier = x.shard_grads * vp * (windows - 1.0)
+    return earlier * hidden(rs_stage, window_compute, hw.efficiency.dp_overlap, x.dp_overlap)
+
+
+def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, gathers_f, gathers_b, vp, x, groups, net, hw, d_para, forward_per_layer, backward_per_layer, moe: bool):
+    """ZeRO-3: the parameter all-gathers of one rank in one step. Each gather of a virtual stage
+    exposes its first layer and prefetches the rest behind the previous layer's compute (FSDP's
+    prefetch, with DP overlap; all exposed without); the root unit (embedding, head) is gathered
+    once per forward on the ranks that hold it. gathers_f/_b: gathers of each stage per step in
+    the forward / backward (per micro-batch when parameters are freed after the forward)."""
+    if not np.any(x.shard_params):
+        return 0.0 * dense_per_layer
+    ag = gather_params(d_para * dense_per_layer, d_para * expert_per_layer, groups, net, moe)
+    coef, on = hw.efficiency.dp_overlap, x.dp_overlap
+    rest = np.maximum(stage_layers - 1.0, 0.0)
+    per_f = ag + rest * hidden(ag, forward_per_layer, coef, on)
+    per_b = ag + rest * hidden(ag, backward_per_layer, coef, on)
+    edges = gathers_f * net.all_gather(d_para * edge_params, groups.shard)
+    return x.shard_params * (vp * (gathers_f * per_f + gathers_b * per_b) + edges)

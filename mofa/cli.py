@@ -29,7 +29,7 @@ def cmd_evaluate(args) -> int:
     batch = ConfigBatch.from_specs(problem, [problem.config])
     result = evaluate(problem, batch).as_dict(0, batch)
     result = _with_interval(problem, result)
-    _emit(result, args.json, render_evaluation(problem.name, result, problem.hardware.memory_gb))
+    _emit(result, args.json, render_evaluation(problem.name, result))
     return 0
 
 

@@ -13,16 +13,45 @@ class ExportError(ValueError):
     pass
 
 
+#: Megatron-Core's names for the CP variants (--cp-comm-type)
+CP_COMM_FLAG = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a", "a2a+p2p": "a2a+p2p"}
+#: Megatron-FSDP's sharding strategies (--data-parallel-sharding-strategy) by ZeRO stage
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def _spec(config: dict) -> ConfigSpec:
+    keep = {k: v for k, v in config.items() if k in ConfigSpec.model_fields}
+    return ConfigSpec.model_validate(keep)
+
+
 def _check(problem: Problem, config: dict) -> None:
-    broken = config_violations(problem, ConfigSpec.model_validate(config))
+    broken = config_violations(problem, _spec(config))
     if broken:
         raise ExportError(f"refusing to export a configuration Megatron would reject: {broken[0][1]}")
+
+
+def _megatron_expressible(config: dict, what: str) -> None:
+    """What Megatron-LM / Megatron-Bridge cannot run, refused with the reason."""
+    c = config
+    if c["pp"] > 1 and c["pp_schedule"] == "afab":
+        raise ExportError(f"refusing to export {what}: Megatron has no all-forward-all-backward schedule (torchtitan runs it as GPipe / LoopedBFS)")
+    if c["pp"] > 1 and c["pp_schedule"] == "dualpipev":
+        raise ExportError(f"refusing to export {what}: Megatron has no DualPipeV schedule (DeepSeek's DualPipe repository and torchtitan do)")
+    if c["zero_stage"] >= 2 and c["pp"] > 1:
+        raise ExportError(f"refusing to export {what}: Megatron-FSDP (ZeRO-{c['zero_stage']}) does not run with pipeline parallelism")
+    if c["zero_stage"] == 3 and not c["reshard_after_forward"]:
+        raise ExportError(f"refusing to export {what}: Megatron-FSDP always frees gathered parameters after the forward (reshard_after_forward false is torchtitan's / FSDP2's option)")
+    if c.get("dp_shard") and c["zero_stage"] >= 2:
+        raise ExportError(f"refusing to export {what}: hybrid sharding with ZeRO-{c['zero_stage']} is torchtitan's (data_parallel_shard_degree), not Megatron's")
+    if c["activation_offload"] == "layer" and c["pp"] > 1:
+        raise ExportError(f"refusing to export {what}: Megatron's layer activation offload (--cpu-offloading) does not run with pp > 1; use fine-grained offload of modules")
 
 
 def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[str]]:
     """(environment, Megatron-LM command-line flags). config['checkpoint_interval'] is the
     interval in steps (the value an evaluation chose, not 'optimal')."""
     _check(problem, config)
+    _megatron_expressible(config, "Megatron-LM flags")
     m, tr = problem.model, problem.training
     c = config
     args = [
@@ -75,30 +104,39 @@ def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[
         args.append(f"--num-virtual-stages-per-pipeline-rank {c['vp']}")
         if not c["pp_overlap"]:
             args.append("--no-overlap-p2p-communication")
+        if c["pp_schedule"] == "flexible":
+            args.append(f"--microbatch-group-size-per-virtual-pipeline-stage {c['pp_group']}")
     layout = layout_name(m.num_layers, c["pp"], c["vp"], c["first_stage_layers"], c["last_stage_layers"])
     if c["pp"] > 1 and layout == "embedding_loss":
         args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     elif c["pp"] > 1 and layout == "uneven":
         args += [f"--decoder-first-pipeline-num-layers {c['first_stage_layers']}", f"--decoder-last-pipeline-num-layers {c['last_stage_layers']}"]
     if c["cp"] > 1:
-        args.append("--cp-comm-type p2p")
-    if c["distributed_optimizer"]:
+        args.append(f"--cp-comm-type {CP_COMM_FLAG[c['cp_comm']]}")
+        if c["cp_comm"] == "a2a+p2p":
+            args.append(f"--hierarchical-context-parallel-sizes {c['cp_a2a']} {c['cp'] // c['cp_a2a']}")
+    if c["zero_stage"] == 1:
         args.append("--use-distributed-optimizer")
+        if c.get("dp_shard"):
+            args.append(f"--num-distributed-optimizer-instances {c['dp'] * c['cp'] // c['dp_shard']}")
+    elif c["zero_stage"] >= 2:
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {FSDP_STRATEGY[c['zero_stage']]}"]
     if c["dp_overlap"]:
         args.append("--overlap-grad-reduce")
-        if c["distributed_optimizer"]:
+        if c["zero_stage"] >= 1:
             args.append("--overlap-param-gather")
     if c["tp_overlap"]:
         args.append("--tp-comm-overlap")
     if c["ep_overlap"]:
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if c["recompute"] == "selective":
-        args += ["--recompute-granularity selective", "--recompute-modules core_attn"]
+        args += ["--recompute-granularity selective", "--recompute-modules " + " ".join(c["recompute_modules"])]
     elif c["recompute"] == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    if c["activation_offload"]:
-        args += ["--fine-grained-activation-offloading",
-                 "--offload-modules attn_norm qkv_linear core_attn attn_proj mlp_norm" + (" expert_fc1 moe_act" if m.moe else "")]
+        args += ["--recompute-granularity full", f"--recompute-method {c['recompute_method']}", f"--recompute-num-layers {c['recompute_num_layers']}"]
+    if c["activation_offload"] == "layer":
+        args += ["--cpu-offloading", f"--cpu-offloading-num-layers {m.num_layers - 1}"]
+    elif c["activation_offload"]:
+        args += ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(c["activation_offload"])]
     dt = tr.dtypes
     if c["cpu_optimizer"] or dt.grads != "fp32":
         args.append("--use-precision-aware-optimizer")
@@ -119,6 +157,7 @@ def megatron_args(problem: Problem, config: dict) -> tuple[dict[str, str], list[
 def bridge_overrides(problem: Problem, config: dict) -> list[str]:
     """Megatron-Bridge / NeMo 2.0 `key=value` overrides (Megatron-Core field names)."""
     _check(problem, config)
+    _megatron_expressible(config, "Megatron-Bridge overrides")
     m = problem.model
     c = config
     out = [
@@ -132,9 +171,9 @@ def bridge_overrides(problem: Problem, config: dict) -> list[str]:
         f"train.micro_batch_size={c['mbs']}",
         f"train.global_batch_size={problem.training.global_batch_size}",
         f"model.seq_length={problem.training.seq_len}",
-        f"ddp.use_distributed_optimizer={str(c['distributed_optimizer']).lower()}",
+        f"ddp.use_distributed_optimizer={str(c['zero_stage'] == 1).lower()}",
         f"ddp.overlap_grad_reduce={str(c['dp_overlap']).lower()}",
-        f"ddp.overlap_param_gather={str(c['dp_overlap'] and c['distributed_optimizer']).lower()}",
+        f"ddp.overlap_param_gather={str(c['dp_overlap'] and c['zero_stage'] >= 1).lower()}",
         f"comm_overlap.tp_comm_overlap={str(c['tp_overlap']).lower()}",
         f"comm_overlap.overlap_p2p_comm={str(c['pp_overlap']).lower()}",
         f"comm_overlap.overlap_moe_expert_parallel_comm={str(c['ep_overlap']).lower()}",
@@ -144,6 +183,16 @@ def bridge_overrides(problem: Problem, config: dict) -> list[str]:
     ]
     if problem.training.dtypes.grads != "fp32":
         out.append(f"optimizer.main_grads_dtype={problem.training.dtypes.grads}")
+    if c["zero_stage"] >= 2:
+        out += ["ddp.use_megatron_fsdp=true", f"ddp.data_parallel_sharding_strategy={FSDP_STRATEGY[c['zero_stage']]}"]
+    if c["zero_stage"] == 1 and c.get("dp_shard"):
+        out.append(f"ddp.num_distributed_optimizer_instances={c['dp'] * c['cp'] // c['dp_shard']}")
+    if c["cp"] > 1:
+        out.append(f"model.cp_comm_type={CP_COMM_FLAG[c['cp_comm']]}")
+        if c["cp_comm"] == "a2a+p2p":
+            out.append(f"model.hierarchical_context_parallel_sizes=[{c['cp_a2a']},{c['cp'] // c['cp_a2a']}]")
+    if c["pp_schedule"] == "flexible":
+        out.append(f"model.microbatch_group_size_per_vp_stage={c['pp_group']}")
     layout = layout_name(m.num_layers, c["pp"], c["vp"], c["first_stage_layers"], c["last_stage_layers"])
     if c["pp"] > 1 and layout == "embedding_loss":
         out += ["model.account_for_embedding_in_pipeline_split=true", "model.account_for_loss_in_pipeline_split=true"]
@@ -152,11 +201,13 @@ def bridge_overrides(problem: Problem, config: dict) -> list[str]:
     if c["recompute"] != "none":
         out.append(f"model.recompute_granularity={c['recompute']}")
         if c["recompute"] == "full":
-            out += ["model.recompute_method=uniform", "model.recompute_num_layers=1"]
-    if c["activation_offload"]:
-        if c["pp"] > 1:  # frameworks.md: layer activation offload is not supported with PP > 1
-            raise ExportError("refusing to export Megatron-Bridge overrides: its activation offload (cpu_offloading) does not run with pp > 1; use the Megatron-LM flags (fine-grained offloading)")
+            out += [f"model.recompute_method={c['recompute_method']}", f"model.recompute_num_layers={c['recompute_num_layers']}"]
+        else:
+            out.append("model.recompute_modules=[" + ",".join(c["recompute_modules"]) + "]")
+    if c["activation_offload"] == "layer":
         out += ["model.cpu_offloading=true", f"model.cpu_offloading_num_layers={m.num_layers - 1}"]
+    elif c["activation_offload"]:
+        out += ["model.fine_grained_activation_offloading=true", "model.offload_modules=[" + ",".join(c["activation_offload"]) + "]"]
     interval = c.get("checkpoint_interval")
     if isinstance(interval, int):
         out.append(f"checkpoint.save_interval={interval}")

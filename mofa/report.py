@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from costmodel.configs import config_label, features_label
+
 
 def finite(obj):
     """JSON has no infinity or NaN: report them as null."""
@@ -57,36 +59,7 @@ def duration(seconds: float | None) -> str:
     return f"{seconds:,.1f} s"
 
 
-FEATURE_SHORT = {
-    "tp_overlap": "TPov",
-    "cp_overlap": "CPov",
-    "ep_overlap": "EPov",
-    "pp_overlap": "PPov",
-    "dp_overlap": "DPov",
-    "distributed_optimizer": "DistOpt",
-    "cpu_optimizer": "CPUOpt",
-    "activation_offload": "Offload",
-}
-
-
-def features_label(config: dict) -> str:
-    on = [short for name, short in FEATURE_SHORT.items() if config.get(name)]
-    if config.get("recompute", "none") != "none":
-        on.append(f"RC-{config['recompute']}")
-    return ",".join(on) or "-"
-
-
-def config_label(c: dict) -> str:
-    parts = [f"tp={c['tp']}", f"cp={c['cp']}", f"pp={c['pp']}", f"vp={c['vp']}", f"dp={c['dp']}", f"ep={c['ep']}"]
-    if c.get("ep", 1) > 1 or c.get("etp", 1) > 1:
-        parts.append(f"etp={c['etp']}")
-    parts.append(f"mbs={c['mbs']}")
-    if c["pp"] > 1:
-        parts.append(f"layers first/last={c['first_stage_layers']}/{c['last_stage_layers']}")
-    return " ".join(parts)
-
-
-def render_evaluation(problem_name: str, result: dict, memory_capacity_gb: float) -> str:
+def render_evaluation(problem_name: str, result: dict) -> str:
     c = result["config"]
     out = [f"{problem_name}: {config_label(c)}", f"features: {features_label(c)}", ""]
     step = result["step_time_s"]
@@ -97,12 +70,13 @@ def render_evaluation(problem_name: str, result: dict, memory_capacity_gb: float
         lo, hi = result["step_time_interval_s"]
         out.append(f"calibrated interval: {lo:.2f} - {hi:.2f} s")
     out.append("")
-    mem = result["memory_gb"]
-    mrows = [[k, v] for k, v in mem.items() if k != "peak" and v]
+    mem = result["memory_gib"]
+    mrows = [[k.replace("_", " "), v] for k, v in mem.items() if k != "peak" and v]
     fit = "fits" if result["fits"] else "DOES NOT FIT"
     mrows.append([f"peak ({result['worst_rank']} rank)", mem["peak"]])
-    out.append(table(["memory (GB)", "GB"], mrows))
-    out.append(f"{fit} in {memory_capacity_gb:g} GB" + ("" if result["host_fits"] else f"; host memory short ({result['host_memory_gb']:.0f} GB needed)"))
+    out.append(table(["memory", "GiB"], mrows))
+    capacity = result["memory_capacity_bytes"]
+    out.append(f"{fit} in {capacity / 2**30:.2f} GiB ({capacity // 2**20:,} MiB exposed)" + ("" if result["host_fits"] else f"; host memory short ({result['host_memory_gb']:.0f} GB needed)"))
     out.append("")
     out.append(
         f"throughput: {result['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * result['mfu']:.1f}%, "
@@ -133,15 +107,16 @@ def render_solve(problem, out: dict) -> str:
         took = f" (scoring this problem's tables alone took {tables_s:.1f} s)" if tables_s else ""
         lines.append(f"no configuration found before the time limit{took}: allow more time with --time-limit")
         return "\n".join(lines)
-    headers = ["#", "tp", "cp", "pp", "vp", "dp", "ep", "mbs", "features", "mem GB", "TFLOP/s", "T_step", "compute", "TP", "CP", "EP", "PP", "bubble", "DP", "update", "ETTR %", "interval", "E2E days"]
+    headers = ["#", "tp", "cp", "pp", "vp", "dp", "ep", "mbs", "schedule", "features", "mem GiB", "TFLOP/s", "T_step", "compute", "TP", "CP", "EP", "FSDP", "PP", "bubble", "DP", "update", "ETTR %", "interval", "E2E days"]
     rows = []
     for rank, r in enumerate(out["top"], 1):
         c, b = r["config"], r["breakdown_s"]
         e2e = r.get("e2e_time_s")
-        rows.append([rank, c["tp"], c["cp"], c["pp"], c["vp"], c["dp"], c["ep"], c["mbs"], features_label(c), r["memory_gb"]["peak"], r["tflops_per_gpu"],
-                     r["step_time_s"], b["compute"] + b["recompute"], b["tp"], b["cp"], b["ep"], b["pp"], b["bubble"], b["dp"], b["update"],
+        schedule = c["pp_schedule"] if c["pp"] > 1 else "-"
+        rows.append([rank, c["tp"], c["cp"], c["pp"], c["vp"], c["dp"], c["ep"], c["mbs"], schedule, features_label(c), r["memory_gib"]["peak"], r["tflops_per_gpu"],
+                     r["step_time_s"], b["compute"] + b["recompute"], b["tp"], b["cp"], b["ep"], b["fsdp"], b["pp"], b["bubble"], b["dp"], b["update"],
                      100 * r["ettr"] if r.get("ettr") is not None else "-", r.get("checkpoint_interval") or "-", e2e / 86400 if e2e else "-"])
-    lines.append(table(headers, rows, "r" * 8 + "l" + "r" * 14))
+    lines.append(table(headers, rows, "r" * 8 + "ll" + "r" * 15))
     best = out["top"][0]
     lines += ["", "best: " + config_label(best["config"]) + f"; features {features_label(best['config'])}"]
     if "step_time_interval_s" in best:

@@ -1,15 +1,17 @@
 """CP-SAT tuning: a lower-bounding integer model, certified by the exact cost model.
 
 What the solver decides (OR-Tools CP-SAT): one Boolean per admissible *row* -- a skeleton
-(tp, cp, pp, vp, ep, etp, micro-batch, layer split: a Megatron-admissible layout from the
-search space) with a recompute mode, activation offload and the optimizer mode (distributed,
-CPU) -- exactly one of them, under the memory constraints of eq. 6 (GPU and host).
-The five pure-time overlap switches (TP, CP, EP, PP, DP overlap) change no memory; the bound
-takes the best of them, and the outer loop evaluates every admissible choice exactly.
+(tp, cp, pp, vp, ep, etp, micro-batch, layer split, schedule, CP variant, HSDP group: an
+admissible layout from the search space) with a memory choice (recompute variant, activation
+offload, ZeRO stage and resharding, CPU optimizer) -- exactly one of them, under the memory
+constraints of eq. 6 (GPU and host). The five pure-time overlap switches (TP, CP, EP, PP, DP
+overlap) change no memory; the bound takes the best of them, and the outer loop evaluates every
+admissible choice exactly.
 
 Tables (`build_tables`) come from the exact model itself: `evaluate` scores every row under
-every admissible (TP, CP, EP) overlap triple, and the bound of a row is
-  * steady state + bubble (eqs. 9-12): the least over the triples (memory does not depend on them);
+every admissible (TP, CP, EP, DP) overlap choice, and the bound of a row is
+  * steady state + bubble + ZeRO-2/3 traffic inside the pipeline (eqs. 9-12): the least over
+    those choices (memory does not depend on them);
   * pipeline p2p (eq. 23): the least over the admissible PP-overlap choices of the exposure
     without overlap and of the part overlap can never hide (the warm-up/cool-down chains);
   * DP communication (eq. 24): >= 0, dropped;
@@ -45,9 +47,14 @@ from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS
 
 TICK_S = 1e-6  # objective unit: one microsecond (times G)
 MB = 1e6  # memory unit
-LAYER_OVERLAPS = ("tp_overlap", "cp_overlap", "ep_overlap")
+#: the overlaps the bound enumerates (they change the pipeline's per-micro-batch work); pp overlap
+#: is bounded by its floor, and the step-level DP exposure by zero
+LAYER_OVERLAPS = ("tp_overlap", "cp_overlap", "ep_overlap", "dp_overlap")
 SEED = 20261122
 CHUNK = 65536  # configurations per exact-model batch
+#: fitting rows up to which the table is scored in bound order without the solver (issue 11:
+#: never slower than enumeration where enumeration suffices)
+DIRECT_ROWS = 200_000
 
 
 def _floor(x) -> np.ndarray:
@@ -67,13 +74,43 @@ class Tables:
 
 
 def build_tables(problem: Problem, space: SearchSpace) -> Tables:
+    """The rows and their bounds, built per skeleton signature (space._signature): each group
+    of skeletons is paired with the memory choices and overlap choices its fields leave
+    possible, so the exact model scores no configuration the rules reject outright."""
+    choices = space.memory_choices
+    sig = space._signature(space.skeletons)
+    parts = [_group_tables(problem, space, np.flatnonzero(sig == code), int(code)) for code in np.unique(sig)]
+    parts = [t for t in parts if t is not None]
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return Tables(problem.cluster.num_gpus, empty, {name: np.zeros(0) for name in MEMORY_FEATURES}, empty, empty, empty)
+    order = np.lexsort((np.concatenate([t[1] for t in parts]), np.concatenate([t[0] for t in parts])))  # skeleton-major, canonical
+    skeleton, choice, objective, memory, host = (np.concatenate([t[i] for t in parts])[order] for i in range(5))
+    return Tables(
+        G=problem.cluster.num_gpus,
+        skeleton=skeleton,
+        features={name: choices[choice, j] for j, name in enumerate(MEMORY_FEATURES)},
+        objective=objective,
+        memory=memory,
+        host=host,
+    )
+
+
+def _group_tables(problem: Problem, space: SearchSpace, skeletons: np.ndarray, code: int):
+    """(skeleton, memory choice, objective, memory, host) of the admissible rows of one
+    signature group, or None."""
     G = problem.cluster.num_gpus
     sk = space.skeletons
     choices = space.memory_choices
-    triples = list(itertools.product(*(space.flags[n] for n in LAYER_OVERLAPS)))
-    n_rows, n_tri = len(sk) * len(choices), len(triples)
-    row_sk = np.repeat(np.arange(len(sk)), len(choices))
-    row_choice = np.tile(np.arange(len(choices)), len(sk))
+    gate = dict(zip(space.GATES, ((code >> i) & 1 for i in range(len(space.GATES)))))
+    mem_ok = np.flatnonzero((choices[:, MEMORY_FEATURES.index("zero_stage")] == 0) | (gate["zero_stage"] == 1))
+    options = [tuple(v for v in space.flags[n] if v == 0 or gate[n]) for n in LAYER_OVERLAPS]
+    triples = np.array(list(itertools.product(*options)), dtype=float)
+    if len(skeletons) == 0 or len(mem_ok) == 0 or len(triples) == 0:
+        return None
+    n_rows, n_tri = len(skeletons) * len(mem_ok), len(triples)
+    row_sk = np.repeat(skeletons, len(mem_ok))
+    row_choice = np.tile(mem_ok, len(skeletons))
     idx_row = np.repeat(np.arange(n_rows), n_tri)
     idx_tri = np.tile(np.arange(n_tri), n_rows)
     cols = {name: getattr(sk, name)[row_sk[idx_row]] for name in SKELETON_FIELDS}
@@ -81,10 +118,10 @@ def build_tables(problem: Problem, space: SearchSpace) -> Tables:
     for j, name in enumerate(MEMORY_FEATURES):
         cols[name] = chosen[:, j]
     for j, name in enumerate(LAYER_OVERLAPS):
-        cols[name] = np.array(triples, dtype=float)[idx_tri, j]
-    cfg = ConfigBatch.from_columns(G, **cols)  # pp/dp overlap left open below
+        cols[name] = triples[idx_tri, j]
+    cfg = ConfigBatch.from_columns(G, **cols)  # pp overlap left open below
 
-    ok = space.viable(cfg, ("pp_overlap", "dp_overlap"))
+    ok = space.viable(cfg, ("pp_overlap",))
     names = ("steady_bubble", "update", "pp_overlap_floor", "pp_without_overlap", "peak", "host")
     out = {name: np.empty(len(cfg)) for name in names}
     step = max(n_tri, (CHUNK // n_tri) * n_tri)  # whole rows per chunk, cache-sized batches
@@ -92,38 +129,40 @@ def build_tables(problem: Problem, space: SearchSpace) -> Tables:
         part = np.arange(lo, min(lo + step, len(cfg)))
         ev = evaluate(problem, cfg.take(part))
         b = ev.breakdown_s
-        out["steady_bubble"][part] = b["compute"] + b["recompute"] + b["tp"] + b["cp"] + b["ep"] + b["offload"] + b["bubble"]
+        out["steady_bubble"][part] = b["compute"] + b["recompute"] + b["tp"] + b["cp"] + b["ep"] + b["fsdp"] + b["offload"] + b["bubble"]
         out["update"][part] = b["update"]
         out["pp_overlap_floor"][part] = ev.pp_overlap_floor_s
         out["pp_without_overlap"][part] = ev.pp_without_overlap_s
         out["peak"][part] = ev.memory_bytes["peak"]
         out["host"][part] = ev.host_bytes
-    best = np.where(ok, out["steady_bubble"], np.inf).reshape(n_rows, n_tri).min(axis=1)
-    exists = np.isfinite(best)
 
-    def per_row(values):  # quantities the layer overlaps do not change
+    def least(values):  # over the overlap choices a row admits
+        return np.where(ok, values, np.inf).reshape(n_rows, n_tri).min(axis=1)
+
+    def per_row(values):  # quantities the overlaps do not change
         return np.asarray(values, dtype=float).reshape(n_rows, n_tri)[:, 0]
 
+    best = least(out["steady_bubble"])
+    exists = np.isfinite(best)
     # pipeline p2p: the least over the PP-overlap choices this row admits
     first_triple = cfg.take(np.arange(0, len(cfg), n_tri))
     pp_options = []
     for value, floor in ((1, out["pp_overlap_floor"]), (0, out["pp_without_overlap"])):
         if value in space.flags["pp_overlap"]:
             trial = ConfigBatch.from_columns(G, **{f: getattr(first_triple, f) for f in cols}, pp_overlap=value)
-            admits = space.viable(trial, ("tp_overlap", "cp_overlap", "ep_overlap", "dp_overlap"))
+            admits = space.viable(trial, LAYER_OVERLAPS)
             pp_options.append(np.where(admits, per_row(floor), np.inf))
     pp = np.minimum.reduce(pp_options) if pp_options else np.full(n_rows, np.inf)
     exists &= np.isfinite(pp)
-    bound = best + pp + per_row(out["update"])
+    bound = best + pp + least(out["update"])
 
     keep = np.flatnonzero(exists)
-    return Tables(
-        G=G,
-        skeleton=row_sk[keep],
-        features={name: choices[row_choice[keep], j] for j, name in enumerate(MEMORY_FEATURES)},
-        objective=_floor(bound[keep] * G / TICK_S),
-        memory=_floor(per_row(out["peak"])[keep] * G / MB),
-        host=_floor(per_row(out["host"])[keep] * G / MB),
+    return (
+        row_sk[keep],
+        row_choice[keep],
+        _floor(bound[keep] * G / TICK_S),
+        _floor(per_row(out["peak"])[keep] * G / MB),
+        _floor(per_row(out["host"])[keep] * G / MB),
     )
 
 
@@ -144,8 +183,7 @@ def build_model(problem: Problem, tb: Tables) -> tuple[cp_model.CpModel, ModelVa
     model.AddExactlyOne(choice)
     index = model.NewIntVar(0, len(choice) - 1, "index")
     model.Add(index == cp_model.LinearExpr.WeightedSum(choice, list(range(len(choice)))))
-    gpu_capacity = int(math.floor(hw.memory_gb * GB * tb.G / MB))
-    host_capacity = int(math.floor(hw.host_memory_gb_per_node * GB / cl.gpus_per_node * tb.G / MB))
+    gpu_capacity, host_capacity = _capacities(problem, tb.G)
     model.Add(cp_model.LinearExpr.WeightedSum(choice, [int(x) for x in tb.memory]) <= gpu_capacity)
     model.Add(cp_model.LinearExpr.WeightedSum(choice, [int(x) for x in tb.host]) <= host_capacity)
     objective = model.NewIntVar(0, int(tb.objective.max()), "objective")
@@ -198,6 +236,10 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
     if tb is None or len(tb.objective) == 0:
         return SolveResult("cpsat", objective, "infeasible", np.zeros(0), None, clock.elapsed, 0, lower_bound=math.inf, space_size=space.size, stats=stats)
     stats.update(choices=len(tb.objective), tables_s=round(clock.elapsed, 3))
+    tb = _presolve(problem, tb)  # rows whose memory cannot fit: the model's constraints, applied once
+    stats["fitting"] = len(tb.objective)
+    if len(tb.objective) == 0:
+        return SolveResult("cpsat", objective, "infeasible", np.zeros(0), None, clock.elapsed, 0, lower_bound=math.inf, space_size=space.size, stats=stats)
     best = TopK(top_k)  # ranked by step time: the end-to-end time increases with it
     evaluated = 0
 
@@ -211,6 +253,28 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
 
     def remaining():
         return None if time_limit_s is None else max(0.05, time_limit_s - clock.elapsed)
+
+    if len(tb.objective) <= DIRECT_ROWS:
+        # a table this small is scored in bound order, no solver needed: every row whose bound
+        # is below the K-th best exact value is scored, then the rest cannot beat it
+        stats["path"] = "bound-ordered scoring (table small enough to score whole)"
+        scoring = Stopwatch()
+        order = np.argsort(tb.objective, kind="stable")
+        start, block, complete = 0, 64, True
+        while start < len(order):
+            threshold = best.threshold
+            if math.isfinite(threshold) and tb.objective[order[start]] > math.floor(threshold * tb.G / TICK_S):
+                break
+            if time_limit_s is not None and clock.elapsed > time_limit_s:
+                complete = False
+                break
+            score(order[start:start + block].tolist())
+            start += block
+            block *= 2
+        stats["scoring_s"] = round(scoring.elapsed, 3)
+        proven = float(tb.objective[order[min(start, len(order) - 1)]]) if not complete else float(tb.objective[order[0]])
+        return _finish(problem, space, tb, best, objective, complete, proven, clock, evaluated, stats)
+    stats["path"] = "CP-SAT"
 
     # phase 1: the least lower bound (and every improving assignment on the way)
     base, mv = build_model(problem, tb)
@@ -260,6 +324,12 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
                 break  # the whole table is enumerated
             width *= 2.0
 
+    return _finish(problem, space, tb, best, objective, complete, proven, clock, evaluated, stats)
+
+
+def _finish(problem, space, tb, best, objective, complete, proven, clock, evaluated, stats) -> SolveResult:
+    """The result: the best scored configurations re-ranked by the objective, certified when
+    the search was complete, else with the proven bound (in ticks x G)."""
     values, top = np.zeros(0), None
     if best.configs is not None:
         values = objective_values(evaluate(problem, best.configs), objective)
@@ -279,6 +349,20 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
         if complete:
             lower = float(values[0])
     return SolveResult("cpsat", objective, state, values, top, clock.elapsed, evaluated, lower_bound=lower, space_size=space.size, stats=stats)
+
+
+def _presolve(problem: Problem, tb: Tables) -> Tables:
+    """Drop the rows the memory constraints exclude (build_model's inequalities, same units)."""
+    gpu_capacity, host_capacity = _capacities(problem, tb.G)
+    keep = np.flatnonzero((tb.memory <= gpu_capacity) & (tb.host <= host_capacity))
+    return Tables(tb.G, tb.skeleton[keep], {k: v[keep] for k, v in tb.features.items()}, tb.objective[keep], tb.memory[keep], tb.host[keep])
+
+
+def _capacities(problem: Problem, G: int) -> tuple[int, int]:
+    hw, cl = problem.hardware, problem.cluster
+    gpu = int(math.floor(hw.memory_bytes * G / MB))
+    host = int(math.floor(hw.host_memory_gb_per_node * GB / cl.gpus_per_node * G / MB))
+    return gpu, host
 
 
 def _e2e_of_step(problem: Problem, space: SearchSpace, step_s: float) -> float:

@@ -1,8 +1,9 @@
 """MoFa's depth-first search (section 4.1), the baseline the CP-SAT solver is measured against.
 
 The DFS walks the decision variables in a fixed order -- tp, cp, pp, vp, layer split, ep, etp,
-micro-batch, recompute, then the eight feature switches -- and prunes a subtree as soon as a
-rule involving only the variables assigned so far fails. MoFa's four expert rules are
+micro-batch, the schedule / CP-variant / HSDP choices, the memory choice (recompute variant,
+offload, ZeRO stage, CPU optimizer), then the five overlap switches -- and prunes a subtree as
+soon as a rule involving only the variables assigned so far fails. MoFa's four expert rules are
   1. hardware resources: t*c*p*d within the GPUs (here: equal to them), memory at the leaf;
   2. g_bs divisible by m_bs * d;
   3. at least p micro-batches;
@@ -20,9 +21,9 @@ from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.pipeline import split_layers
 from costmodel.rules import feasible
-from costmodel.specs import FEATURES, Problem
+from costmodel.specs import Problem
 from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, objective_values
-from optimizer.space import SearchSpace
+from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SearchSpace
 
 
 class _Stop(Exception):
@@ -38,7 +39,6 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
     domain = cl.supernode if problem.search.tp_domain == "supernode" else cl.gpus_per_node
     kv = m.kv_heads if m.mla is None else m.num_heads
     interval = space.interval()
-    pp_overlap_possible = 1 in space.flags["pp_overlap"]
     best = TopK(top_k)
     count = {"leaves": 0, "nodes": 0}
 
@@ -51,19 +51,26 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
         if (time_limit_s is not None and clock.elapsed > time_limit_s) or (max_leaves and count["leaves"] >= max_leaves):
             raise _Stop
 
-    feature_levels = [("recompute", space.recompute)] + [(name, space.flags[name]) for name in FEATURES]
+    memory_rows = space.memory_choices
+    switch_levels = [(name, space.flags[name]) for name in PURE_TIME_FEATURES]
 
-    def features(depth: int, row: dict) -> None:
+    def switches(depth: int, row: dict) -> None:
         count["nodes"] += 1
-        if depth == len(feature_levels):
+        if depth == len(switch_levels):
             leaf(row)
             return
-        name, values = feature_levels[depth]
+        name, values = switch_levels[depth]
         for value in values:
             row[name] = value
             if _feature_prefix_ok(row, name):
-                features(depth + 1, row)
+                switches(depth + 1, row)
         del row[name]
+
+    def features(row: dict) -> None:
+        for choice in memory_rows:  # recompute variant, offload, ZeRO stage, CPU optimizer
+            count["nodes"] += 1
+            row.update(zip(MEMORY_FEATURES, choice))
+            switches(0, row)
 
     try:
         for t in space.tp:  # rule 4 and the TP rules
@@ -81,7 +88,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
                     d = G // (t * c * p)
                     for v in space.vp:
                         count["nodes"] += 1
-                        if v > 1 and not (p > 2 or (p > 1 and pp_overlap_possible)):
+                        if v > 1 and p == 1:
                             continue
                         splits = []
                         for mode in space.split_modes:
@@ -102,10 +109,13 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
                                         if gbs % (mbs * d):
                                             continue
                                         micro = gbs // (mbs * d)
-                                        if micro < p or (v > 1 and micro % p):
+                                        if micro < p:
                                             continue
-                                        row = dict(tp=t, cp=c, pp=p, vp=v, ep=e, etp=etp, mbs=mbs, first_layers=first, last_layers=last)
-                                        features(0, row)
+                                        base = np.array([[t, c, p, v, e, etp, mbs, first, last]], dtype=float)
+                                        for variant in space.skeleton_variants(base):  # schedule, CP variant, HSDP group
+                                            count["nodes"] += 1
+                                            row = dict(zip(SKELETON_FIELDS, variant.tolist()))
+                                            features(row)
         complete = True
     except _Stop:
         complete = False
@@ -115,9 +125,9 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
 
 
 def _feature_prefix_ok(row: dict, assigned: str) -> bool:
-    """Feature rules that become checkable once `assigned` is set (costmodel.rules checks all
+    """Switch rules that become checkable once `assigned` is set (costmodel.rules checks all
     of them again at the leaf)."""
-    if assigned == "recompute" or row[assigned] == 0:
+    if row[assigned] == 0:
         return True
     t, c, e, v, p = row["tp"], row["cp"], row["ep"], row["vp"], row["pp"]
     if assigned == "tp_overlap":
@@ -127,7 +137,5 @@ def _feature_prefix_ok(row: dict, assigned: str) -> bool:
     if assigned == "ep_overlap":
         return e > 1 and (p == 1 or v > 1) and row["recompute"] != 2
     if assigned == "pp_overlap":
-        return p > 1 and v > 1
-    if assigned == "activation_offload":
-        return row["recompute"] == 0
+        return p > 1
     return True

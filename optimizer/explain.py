@@ -14,12 +14,12 @@ import itertools
 
 import numpy as np
 
-from costmodel.configs import ConfigBatch
+from costmodel.configs import ConfigBatch, config_label, features_label
 from costmodel.evaluate import evaluate
 from costmodel.pipeline import split_layers
 from costmodel.rules import RULES, violations
 from costmodel.specs import Problem
-from costmodel.units import GB
+from costmodel.units import GB, GIB
 from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SKELETON_RULES, SearchSpace
 
 
@@ -68,8 +68,9 @@ def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
     if not len(cfg):
         return "every combination of the allowed features breaks a feature rule (for example offload with recompute, or a forced feature that needs a larger parallel degree)"
     ev = evaluate(problem, cfg)
-    cap = problem.hardware.memory_gb
-    peak = ev.memory_bytes["peak"] / GB
+    hw = problem.hardware
+    cap = hw.memory_bytes / GIB
+    peak = ev.memory_bytes["peak"] / GIB
     if (peak <= cap).any():
         host = ev.host_bytes / GB
         i = int(np.argmin(np.where(peak <= cap, host, np.inf)))
@@ -79,19 +80,14 @@ def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
             f"{host[i]:.1f} GB per GPU ({_label(cfg.row(i))}) against {share:.1f} GB per GPU"
         )
     i = int(np.argmin(peak))
-    ledger = {k: float(v[i]) / GB for k, v in ev.memory_bytes.items()}
+    ledger = {k: float(v[i]) / GIB for k, v in ev.memory_bytes.items()}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in ledger.items() if k != "peak" and v >= 0.05)
     rank = ("first", "middle", "last")[int(ev.worst_rank[i])]
     return (
-        f"no configuration fits in {cap:g} GB: the least is {peak[i]:.1f} GB at {_label(cfg.row(i))} "
-        f"(worst rank: {rank}; {parts} GB); memory per GPU is the binding constraint"
+        f"no configuration fits in {cap:.2f} GiB ({hw.name} exposes {hw.memory_mib} MiB): the least is {peak[i]:.2f} GiB at "
+        f"{_label(cfg.row(i))} (worst rank: {rank}; {parts} GiB); memory per GPU is the binding constraint"
     )
 
 
 def _label(c: dict) -> str:
-    parts = [f"{k}={c[k]}" for k in ("tp", "cp", "pp", "vp", "ep", "dp", "mbs")]
-    parts.append(f"recompute {c['recompute']}")
-    for name, short in (("activation_offload", "offload"), ("distributed_optimizer", "distributed optimizer"), ("cpu_optimizer", "CPU optimizer")):
-        if c[name]:
-            parts.append(short)
-    return ", ".join(parts)
+    return f"{config_label(c)}, {features_label(c)}"

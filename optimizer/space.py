@@ -1,10 +1,13 @@
 """The search space of a problem: candidate values per decision variable, and its enumeration.
 
-A configuration is a *skeleton* (tp, cp, pp, vp, ep, etp, mbs and the layer split) plus a
-*feature choice* (recompute mode and the eight feature switches). The skeleton rules of
-costmodel.rules (divisibility, world size, micro-batch counts, layer layout, expert grid) are
-applied when skeletons are generated; the feature rules (overlap needs TP>1, offload excludes
-recompute, forced features, ...) when skeletons and features are combined.
+A configuration is a *skeleton* (tp, cp, pp, vp, ep, etp, mbs, the layer split, the pipeline
+schedule and its round size, the context-parallel variant, the HSDP sharding group) plus a
+*feature choice*: a *memory choice* (recompute mode with its method, layers or modules;
+activation offload; ZeRO stage and resharding; CPU optimizer) and the five overlap switches,
+which change only time. The skeleton rules of costmodel.rules (divisibility, world size,
+micro-batch counts, layer layout, schedules, CP variants, expert grid) are applied when
+skeletons are generated; the feature rules (overlap needs TP>1, offload excludes recompute,
+forced features, ...) when skeletons and features are combined.
 
 All three search methods (exhaustive, DFS, CP-SAT) read the same space, so they agree on what
 is admissible.
@@ -18,24 +21,44 @@ from functools import cached_property
 
 import numpy as np
 
-from costmodel.configs import RECOMPUTE_CODES, ConfigBatch
+from costmodel.configs import (
+    CP_COMM_CODES,
+    MEMORY_FIELDS,
+    PP_SCHEDULE_CODES,
+    RECOMPUTE_CODES,
+    RECOMPUTE_MODULE_BITS,
+    ConfigBatch,
+    mask_of,
+    offload_code,
+)
 from costmodel.pipeline import SPLIT_MODES, split_layers
 from costmodel.rules import violations
 from costmodel.specs import FEATURES, Problem
 
-SKELETON_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "first_layers", "last_layers")
-FEATURE_FIELDS = ("recompute", *FEATURES)
+SKELETON_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "first_layers", "last_layers", "pp_schedule", "pp_group", "cp_comm", "cp_a2a", "dp_shard")
+#: choices that change memory (one CP-SAT row each with a skeleton), and the switches that change only time
+MEMORY_FEATURES = MEMORY_FIELDS
+PURE_TIME_FEATURES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap")
+FEATURE_FIELDS = MEMORY_FEATURES + PURE_TIME_FEATURES
 SKELETON_RULES = (
     "world_size",
     "tp_divides_heads",
     "tp_kv_heads",
     "tp_in_domain",
     "cp_divides_seq",
+    "cp_comm_needs_cp",
+    "cp_a2a_heads",
+    "cp_a2a_degree",
     "layers_split",
     "vp_needs_pp",
+    "schedule_needs_pp",
+    "schedule_vp",
+    "pp_group",
+    "dualpipev_layout",
     "gbs_divisible",
     "microbatches_ge_pp",
     "microbatches_interleave",
+    "microbatches_dualpipev",
     "ep_divides_experts",
     "expert_grid",
     "etp_valid",
@@ -47,10 +70,15 @@ FEATURE_RULES = (
     "ep_overlap_needs_ep",
     "pp_overlap_needs_vp",
     "dp_overlap_needs_dp",
-    "distributed_optimizer_needs_dp",
+    "zero_needs_dp",
+    "reshard_needs_zero3",
+    "dp_shard_valid",
+    "recompute_method",
+    "recompute_modules",
     "offload_excludes_recompute",
     "feature_forced",
     "recompute_allowed",
+    "zero_allowed",
     "vp_needs_pp",
 )
 
@@ -63,13 +91,19 @@ SWITCH_RULES = {
     "dp_overlap": ("dp_overlap_needs_dp",),
 }
 
-#: features that change memory, and the overlap switches that change only time
-MEMORY_FEATURES = ("recompute", "activation_offload", "distributed_optimizer", "cpu_optimizer")
-PURE_TIME_FEATURES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap")
-
 DEFAULT_MBS = (1, 2, 4, 8)
 MAX_VP = 32
 MIN_TOKENS_PER_CP_RANK = 1024
+
+
+def _modules_exist(modules, problem: Problem) -> bool:
+    """Recompute modules the model has (the rule recompute_modules says the same per row)."""
+    m = problem.model
+    if m.moe is None and {"moe_act", "moe", "shared_experts"} & set(modules):
+        return False
+    if m.moe is not None and not m.moe.num_shared_experts and "shared_experts" in modules:
+        return False
+    return m.mla is not None or "mla_up_proj" not in modules
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -133,12 +167,13 @@ class SearchSpace:
         """Every admissible skeleton (features off), in a canonical order."""
         m = self.problem.model
         G = self.problem.cluster.num_gpus
+        empty = ConfigBatch.from_columns(G, **{k: np.zeros(0) for k in SKELETON_FIELDS})
         grid = np.array([(t, c, p, v, e, etp, b) for t in self.tp for etp in self.etp_options(t)
                          for c, p, v, e, b in itertools.product(self.cp, self.pp, self.vp, self.ep, self.mbs)], dtype=float)
         if grid.size == 0:
-            return ConfigBatch.from_columns(G, **{k: np.zeros(0) for k in SKELETON_FIELDS})
+            return empty
         t, c, p, v, e, etp, mbs = grid.T
-        # cheap rules first: they cut the grid before splits multiply it
+        # cheap rules first: they cut the grid before splits and variants multiply it
         keep = (np.mod(G, t * c * p) == 0) & ((v == 1) | (p > 1)) & (v * p <= m.num_layers + 2)
         t, c, p, v, e, etp, mbs = (a[keep] for a in (t, c, p, v, e, etp, mbs))
         parts = []
@@ -147,8 +182,10 @@ class SearchSpace:
             ok = first > 0
             parts.append((t[ok], c[ok], p[ok], v[ok], e[ok], etp[ok], mbs[ok], first[ok], last[ok]))
         if not parts:
-            return ConfigBatch.from_columns(G, **{k: np.zeros(0) for k in SKELETON_FIELDS})
-        stacked = np.unique(np.concatenate([np.stack(pt, axis=1) for pt in parts]), axis=0)  # canonical order, no duplicates
+            return empty
+        base = np.unique(np.concatenate([np.stack(pt, axis=1) for pt in parts]), axis=0)
+        rows = self.skeleton_variants(base)
+        stacked = np.unique(rows, axis=0)  # canonical order, no duplicates
         cols = dict(zip(SKELETON_FIELDS, stacked.T))
         batch = ConfigBatch.from_columns(G, **cols, pp_overlap=1 if 1 in self.flags["pp_overlap"] else 0)
         bad = violations(self.problem, batch)
@@ -158,21 +195,94 @@ class SearchSpace:
         cols = {name: getattr(batch, name)[ok] for name in SKELETON_FIELDS}
         return ConfigBatch.from_columns(G, **cols)
 
-    @cached_property
-    def features(self) -> dict[str, np.ndarray]:
-        """Every feature choice (recompute x switches), as columns."""
-        names = FEATURE_FIELDS
-        options = [self.recompute] + [self.flags[n] for n in FEATURES]
-        rows = np.array(list(itertools.product(*options)), dtype=float)
-        return {name: rows[:, i] for i, name in enumerate(names)}
+    def skeleton_variants(self, base: np.ndarray) -> np.ndarray:
+        """Each (tp, cp, pp, vp, ep, etp, mbs, first, last) row with the schedules its pp and vp
+        admit, the CP variants its cp admits and the HSDP groups of the search section."""
+        s = self.problem.search
+        p, v, c = base[:, 2], base[:, 3], base[:, 1]
+        schedules = []  # (code, nc, applies)
+        for name in s.pp_schedule:
+            code = PP_SCHEDULE_CODES[name]
+            if name == "1f1b":
+                schedules.append((code, 0.0, v == 1))
+            elif name == "interleaved_1f1b":
+                schedules.append((code, 0.0, (p > 1) & (v > 1)))
+            elif name == "dualpipev":
+                schedules.append((code, 0.0, (p > 1) & (v == 2)))
+            elif name == "afab":
+                schedules.append((code, 0.0, p > 1))
+            elif name == "flexible":
+                for nc in s.pp_group or [None]:
+                    group = 2.0 * p if nc is None else np.full_like(p, float(nc))
+                    schedules.append((code, group, (p > 1) & (v > 1) & (group > p)))
+        if "1f1b" not in s.pp_schedule:  # without pipelining there is no schedule to choose
+            schedules.append((PP_SCHEDULE_CODES["1f1b"], 0.0, p == 1))
+        cp_variants = []  # (code, a2a degree, applies)
+        for name in s.cp_comm:
+            code = CP_COMM_CODES[name]
+            if name == "a2a+p2p":
+                for degree in s.cp_a2a or [d for d in (2, 4, 8, 16, 32) if d < max(self.cp)]:
+                    cp_variants.append((code, float(degree), (c > degree) & (np.mod(c, degree) == 0)))
+            else:
+                cp_variants.append((code, 0.0, (c > 1) | (name == "p2p")))
+        if "p2p" not in s.cp_comm:
+            cp_variants.append((CP_COMM_CODES["p2p"], 0.0, c == 1))
+        shards = [0.0] + [float(d) for d in (s.dp_shard or [])]
+        out = []
+        for (code, nc, applies), (cp_code, degree, cp_applies), shard in itertools.product(schedules, cp_variants, shards):
+            ok = applies & cp_applies
+            if not ok.any():
+                continue
+            rows = base[ok]
+            n = len(rows)
+            group = nc[ok] if isinstance(nc, np.ndarray) else np.full(n, nc)
+            extra = np.stack([np.full(n, float(code)), group, np.full(n, float(cp_code)), np.full(n, degree), np.full(n, shard)], axis=1)
+            out.append(np.concatenate([rows, extra], axis=1))
+        return np.concatenate(out) if out else np.zeros((0, len(SKELETON_FIELDS)))
 
     @cached_property
     def memory_choices(self) -> np.ndarray:
-        """Every allowed combination of MEMORY_FEATURES, one row each, without the ones
-        offload_excludes_recompute always rejects (the rules still run on every result)."""
-        options = [self.recompute] + [self.flags[n] for n in MEMORY_FEATURES[1:]]
-        rows = [c for c in itertools.product(*options) if not (c[1] == 1 and c[0] != 0)]
+        """Every allowed memory choice, one row each (columns MEMORY_FEATURES), without the ones
+        the rules always reject whatever the skeleton (offload with recompute, modules the
+        model lacks; the rules still run on every result)."""
+        pr = self.problem
+        s, f, m = pr.search, pr.features, pr.model
+        recompute = []  # (mode, method, layers, modules)
+        for mode in self.recompute:
+            if mode == RECOMPUTE_CODES["none"]:
+                recompute.append((0, 0, 0, 0))
+            elif mode == RECOMPUTE_CODES["selective"]:
+                for modules in s.recompute_modules:
+                    mask = mask_of(modules, RECOMPUTE_MODULE_BITS)
+                    if _modules_exist(modules, pr):
+                        recompute.append((1, 0, 0, mask))
+            else:
+                recompute.append((2, 0, 1, 0))
+                for n in s.recompute_block_layers or []:
+                    recompute.append((2, 1, n, 0))
+        offload_settings = {"on": [o for o in s.activation_offload if o is not False], "off": [False]}.get(f.activation_offload, s.activation_offload)
+        offloads = sorted({offload_code(o) for o in offload_settings})
+        zero = []
+        for stage in f.zero_stage:
+            if stage == 3:
+                reshard = {"on": [1], "off": [0]}.get(f.fsdp_reshard_after_forward, [1, 0])
+                zero += [(3, r) for r in reshard]
+            else:
+                zero.append((stage, 0))
+        rows = [
+            (*rc, off, z, r, cpu)
+            for rc, off, (z, r), cpu in itertools.product(recompute, offloads, zero, self.flags["cpu_optimizer"])
+            if not (off != 0 and rc[0] != 0)
+        ]
         return np.array(rows, dtype=float).reshape(-1, len(MEMORY_FEATURES))
+
+    @cached_property
+    def features(self) -> dict[str, np.ndarray]:
+        """Every feature choice (memory choice x overlap switches), as columns."""
+        switches = np.array(list(itertools.product(*(self.flags[n] for n in PURE_TIME_FEATURES))), dtype=float)
+        choices = self.memory_choices
+        rows = np.concatenate([np.repeat(choices, len(switches), axis=0), np.tile(switches, (len(choices), 1))], axis=1)
+        return {name: rows[:, i] for i, name in enumerate(FEATURE_FIELDS)}
 
     @property
     def num_features(self) -> int:
@@ -193,13 +303,43 @@ class SearchSpace:
         return ConfigBatch.from_columns(self.problem.cluster.num_gpus, **cols)
 
     def batches(self, chunk: int = 65536, interval: int = 0):
-        """Skeleton x feature products in chunks of about `chunk` configurations, in canonical
-        order (skeleton-major)."""
-        F = self.num_features
-        per = max(1, chunk // max(F, 1))
-        for start in range(0, len(self.skeletons), per):
-            sk = np.arange(start, min(start + per, len(self.skeletons)))
-            yield self.combine(np.repeat(sk, F), np.tile(np.arange(F), len(sk)), interval)
+        """Skeleton x feature products in chunks of about `chunk` configurations, skeleton-major.
+        Each skeleton is paired only with the feature choices its own fields leave possible
+        (no TP overlap without TP, no ZeRO without a data-parallel group, ...: `_signature`), so
+        the enumerator does not build rows the rules would reject whatever they hold; the
+        rules still check every row it scores."""
+        sig = self._signature(self.skeletons)
+        for code in np.unique(sig):
+            skeletons = np.flatnonzero(sig == code)
+            features = np.flatnonzero(self._features_for(int(code)))
+            F = len(features)
+            if F == 0:
+                continue
+            per = max(1, chunk // F)
+            for start in range(0, len(skeletons), per):
+                sk = skeletons[start:start + per]
+                yield self.combine(np.repeat(sk, F), np.tile(features, len(sk)), interval)
+
+    #: what a skeleton's own fields allow: (bit of the signature, the feature it gates)
+    GATES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "zero_stage")
+
+    def _signature(self, sk: ConfigBatch) -> np.ndarray:
+        """Per skeleton, a bit per GATES entry: may that feature be on?"""
+        ring = (sk.cp_comm == CP_COMM_CODES["p2p"]) | (sk.cp_comm == CP_COMM_CODES["a2a+p2p"])
+        schedule = sk.pp_schedule
+        pipelined = (sk.pp > 1) & ((sk.vp > 1) | (schedule == PP_SCHEDULE_CODES["afab"]))
+        sp = self.problem.training.sequence_parallel
+        data_parallel = sk.dp * sk.cp > 1
+        gates = [(sk.tp > 1) & sp, (sk.cp > 1) & ring, (sk.ep > 1) & ((sk.pp == 1) | (sk.vp > 1)), pipelined, data_parallel, data_parallel]
+        return sum(g.astype(np.int64) << i for i, g in enumerate(gates))
+
+    def _features_for(self, code: int) -> np.ndarray:
+        """Feature rows a skeleton with this signature may take (a superset of the admissible)."""
+        ok = np.ones(self.num_features, bool)
+        for i, name in enumerate(self.GATES):
+            if not (code >> i) & 1:
+                ok &= self.features[name] == 0
+        return ok
 
     def feature_ok(self, cfg: ConfigBatch) -> np.ndarray:
         bad = violations(self.problem, cfg)

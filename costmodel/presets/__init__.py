@@ -1,7 +1,7 @@
 """Preset registries and the resolution of the `model:` and `hardware:` fields of a problem.
 
 A field may be a preset name, an inline spec, a preset with overrides
-(`{preset: h100-sxm, memory_gb: 94}`), or for models `{hf_config: path/to/config.json}`
+(`{preset: h100-sxm, memory_mib: 95830}`), or for models `{hf_config: path/to/config.json}`
 (read offline, relative to the problem file).
 """
 

@@ -30,7 +30,7 @@ _register(HardwareSpec(
     name="mofa-device-a",
     source="MoFa Table 3 (device A); unstated values marked as assumptions",
     peak_tflops={"bf16": 512, "fp16": 512},  # Table 3 P^GPU
-    memory_gb=32,  # Table 3 M^GPU
+    memory_mib=32768,  # Table 3 M^GPU = 32 GB, read as 32 GiB (the device's exposed bytes are not published)
     memory_bandwidth_gb_per_s=1200,  # assumption: not in Table 3 (HBM2-class for a 32 GB part)
     host_memory_gb_per_node=2048,  # Table 3 prints M^CPU = 2; read as 2 TB per node (2 GB could not hold eq. 27's offloaded states)
     h2d_gb_per_s=32,  # Table 3 B^H2D
@@ -38,7 +38,7 @@ _register(HardwareSpec(
     intra_node_gb_per_s=150,  # assumption: half of device B's scale-up bandwidth
     inter_node_gb_per_s=25,  # assumption: one 200 Gb/s RoCE NIC per accelerator
     cpu_optimizer_params_per_s=4.4e9,  # as device B
-    runtime_reserved_gb=3.0,
+    tp_overlap_buffers=0,  # not an NVIDIA part (see device B): no Transformer Engine userbuffers
     efficiency=_MOFA_EFFICIENCY,
 ))
 
@@ -46,7 +46,7 @@ _register(HardwareSpec(
     name="mofa-device-b",
     source="MoFa Table 3 (device B); unstated values derived from MoFa's Table 6 or marked as assumptions",
     peak_tflops={"bf16": 1024, "fp16": 1024},  # Table 3 P^GPU
-    memory_gb=64,  # Table 3 M^GPU
+    memory_mib=65536,  # Table 3 M^GPU = 64 GB, read as 64 GiB (the device's exposed bytes are not published)
     memory_bandwidth_gb_per_s=1600,  # assumption: not in Table 3 (HBM2e-class for a 64 GB part)
     host_memory_gb_per_node=2048,  # Table 3 M^CPU = 2, read as TB (see device A)
     h2d_gb_per_s=32,  # Table 3 B^H2D
@@ -54,7 +54,9 @@ _register(HardwareSpec(
     intra_node_gb_per_s=300,  # derived: Table 6 T_TP = 1.98 s without TP overlap (t8 p8 mbs2) needs ~240 GB/s achieved
     inter_node_gb_per_s=25,  # assumption: one 200 Gb/s RoCE NIC per accelerator
     cpu_optimizer_params_per_s=4.4e9,  # derived: Table 6 T_update = 2.25 s for 6.4e9 params/GPU, minus 2 x 12.75 GB over 32 GB/s links
-    runtime_reserved_gb=3.0,
+    # 64 GB with 1,024 TFLOP/s bf16 matches no NVIDIA part: its TP overlap is not Transformer
+    # Engine's userbuffer scheme, and MoFa's eq. 6 counts no staging buffers
+    tp_overlap_buffers=0,
     efficiency=_MOFA_EFFICIENCY,
 ))
 
@@ -65,7 +67,7 @@ _register(HardwareSpec(
     name="a100-80gb",
     source="NVIDIA A100 datasheet (SXM4 80GB); DGX A100 user guide; Selene network per Narayanan et al. 2021",
     peak_tflops={"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
-    memory_gb=80,
+    memory_mib=81920,  # nvidia-smi on A100-SXM4-80GB: 81,920 MiB
     memory_bandwidth_gb_per_s=2039,  # HBM2e
     host_memory_gb_per_node=2048,  # DGX A100: 2 TB
     h2d_gb_per_s=32,  # PCIe Gen4 x16
@@ -73,7 +75,6 @@ _register(HardwareSpec(
     intra_node_gb_per_s=300,  # NVLink3: 600 GB/s bidirectional
     inter_node_gb_per_s=25,  # 8 x 200 Gb/s HDR InfiniBand per node (calibration.yaml hw.A100_80GB)
     cpu_optimizer_params_per_s=1.0e9,  # ZeRO-Offload (Ren et al. 2021) Table 3 CPU-Adam 4.5e9 params/s per 48-core host, scaled to 16 of DGX A100's 128 cores
-    runtime_reserved_gb=3.0,
     efficiency=EfficiencyProfile(
         source="defaults before calibration: cuBLAS bf16 GEMM ~80% of peak; FlashAttention-2 50-73% on A100",
         gemm=Curve(peak_fraction=0.8),
@@ -93,7 +94,7 @@ _register(HardwareSpec(
     name="h100-sxm",
     source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide; calibration.yaml hw.H100_SXM",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
-    memory_gb=80,
+    memory_mib=81559,  # nvidia-smi on H100 80GB HBM3: 81,559 MiB
     memory_bandwidth_gb_per_s=3350,  # HBM3
     host_memory_gb_per_node=2048,  # DGX H100: 2 TB
     h2d_gb_per_s=64,  # PCIe Gen5 x16
@@ -101,7 +102,6 @@ _register(HardwareSpec(
     intra_node_gb_per_s=450,  # NVLink4: 900 GB/s bidirectional
     inter_node_gb_per_s=50,  # 8 x 400 Gb/s NDR per node
     cpu_optimizer_params_per_s=1.3e9,  # ZeRO-Offload CPU-Adam rate scaled to 14 of DGX H100's 112 cores (AVX-512)
-    runtime_reserved_gb=3.0,
     efficiency=_H100_EFF,
 ))
 
@@ -109,7 +109,7 @@ _register(HardwareSpec(
     name="h800",
     source="NVIDIA H800 SXM (export variant of H100: same tensor peaks and HBM3, NVLink 400 GB/s bidirectional); calibration.yaml hw.H800",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
-    memory_gb=80,
+    memory_mib=81559,  # as H100 SXM (same HBM3 stack)
     memory_bandwidth_gb_per_s=3350,
     host_memory_gb_per_node=2048,
     h2d_gb_per_s=64,
@@ -117,7 +117,6 @@ _register(HardwareSpec(
     intra_node_gb_per_s=200,  # NVLink 400 GB/s bidirectional
     inter_node_gb_per_s=50,  # 400 Gb/s InfiniBand per GPU (DeepSeek-V3 report section 3.1)
     cpu_optimizer_params_per_s=1.3e9,
-    runtime_reserved_gb=3.0,
     efficiency=_H100_EFF,
 ))
 
@@ -125,7 +124,7 @@ _register(HardwareSpec(
     name="h200",
     source="NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, H100 tensor peaks, NVLink 900 GB/s",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
-    memory_gb=141,
+    memory_mib=143771,  # nvidia-smi on H200: 143,771 MiB (141 GB)
     memory_bandwidth_gb_per_s=4800,
     host_memory_gb_per_node=2048,
     h2d_gb_per_s=64,
@@ -133,7 +132,6 @@ _register(HardwareSpec(
     intra_node_gb_per_s=450,
     inter_node_gb_per_s=50,
     cpu_optimizer_params_per_s=1.3e9,
-    runtime_reserved_gb=3.0,
     efficiency=_H100_EFF,
 ))
 
@@ -141,7 +139,7 @@ _register(HardwareSpec(
     name="b200",
     source="NVIDIA DGX B200 datasheet: 1,440 GB GPU memory over 8 GPUs, 64 TB/s HBM3e, 72 PFLOPS fp8 training (dense 4.5 PF/GPU), NVLink5 1.8 TB/s; calibration.yaml hw.B200",
     peak_tflops={"bf16": 2250, "fp16": 2250, "fp8": 4500, "tf32": 1100, "fp32": 75},
-    memory_gb=180,
+    memory_mib=183359,  # nvidia-smi on DGX B200: 183,359 MiB (179 GiB of the nominal 180 GB)
     memory_bandwidth_gb_per_s=8000,
     host_memory_gb_per_node=4096,  # DGX B200: 4 TB
     h2d_gb_per_s=64,
@@ -149,7 +147,6 @@ _register(HardwareSpec(
     intra_node_gb_per_s=900,  # NVLink5: 1.8 TB/s bidirectional
     inter_node_gb_per_s=50,  # 8 x 400 Gb/s ConnectX-7 per node
     cpu_optimizer_params_per_s=1.3e9,
-    runtime_reserved_gb=3.0,
     efficiency=EfficiencyProfile(
         source="defaults before calibration, as H100",
         gemm=Curve(peak_fraction=0.75),

@@ -8,9 +8,9 @@ import pytest
 
 from conftest import PROBLEMS
 
-BREAKDOWN = {"compute", "tp", "cp", "ep", "pp", "bubble", "dp", "update", "offload"}
-MEMORY = {"peak", "params", "grads", "optimizer", "activations", "buffers"}
-TOP = {"step_time_s", "breakdown_s", "memory_gb", "fits", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "ettr", "checkpoint_interval", "e2e_time_s", "config"}
+BREAKDOWN = {"compute", "tp", "cp", "ep", "fsdp", "pp", "bubble", "dp", "update", "offload"}
+MEMORY = {"peak", "params", "grads", "optimizer", "gathered_params", "activations", "optimizer_transient", "comm_buffers", "cuda_context", "fragmentation"}
+TOP = {"step_time_s", "breakdown_s", "memory_bytes", "memory_gib", "memory_capacity_bytes", "fits", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "ettr", "checkpoint_interval", "e2e_time_s", "config"}
 
 
 def mofa(*args):
@@ -23,10 +23,11 @@ def test_evaluate_json_contract():
     out = json.loads(mofa("evaluate", str(PROBLEMS / "mofa" / "table5_llama3_405b_64gpu.yaml"), "--json"))
     assert TOP <= set(out)
     assert BREAKDOWN <= set(out["breakdown_s"])
-    assert MEMORY <= set(out["memory_gb"])
+    assert MEMORY | {"peak"} == set(out["memory_bytes"]) == set(out["memory_gib"])
     assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"], rel=1e-12)
-    mem = out["memory_gb"]
-    assert sum(v for k, v in mem.items() if k != "peak") == pytest.approx(mem["peak"], rel=1e-12)
+    mem = out["memory_bytes"]
+    assert sum(v for k, v in mem.items() if k != "peak") == pytest.approx(mem["peak"], abs=len(mem))  # integers, each rounded
+    assert out["fits"] == (mem["peak"] <= out["memory_capacity_bytes"])
     assert out["config"]["tp"] == 8 and out["checkpoint_interval"] == 10
     assert 0 < out["ettr"] < 1 and out["e2e_time_s"] > out["step_time_s"] * 15258790
 

@@ -37,7 +37,7 @@ def test_llama3_405b_layout_with_embedding_and_loss_accounting():
     layer (7 transformer layers on the first and last rank)."""
     problem = load_problem(str(PROBLEMS / "tuning" / "llama3_405b_16384xh100_seq8k.yaml"))
     cfg = config_of(problem, interval=45, tp=8, cp=4, pp=16, vp=8, mbs=1, layer_split="embedding_loss", tp_overlap=True, cp_overlap=True,
-                    pp_overlap=True, dp_overlap=True, distributed_optimizer=True)
+                    pp_overlap=True, dp_overlap=True, zero_stage=1)
     assert (cfg["first_stage_layers"], cfg["last_stage_layers"]) == (7, 7)
     env, flags = megatron_args(problem, cfg)
     assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
@@ -77,7 +77,7 @@ def test_param_gather_overlap_only_with_the_distributed_optimizer(tmp_path):
 
 def test_recompute_and_cpu_optimizer_flags(tmp_path):
     problem = small_problem(tmp_path)
-    full = config_of(problem, tp=2, pp=2, recompute="full", distributed_optimizer=True, cpu_optimizer=True)
+    full = config_of(problem, tp=2, pp=2, recompute="full", zero_stage=1, cpu_optimizer=True)
     _, flags = megatron_args(problem, full)
     # full recompute: a method is required and 1 <= num_layers <= L/PP
     assert {"--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"} <= set(flags)
@@ -113,15 +113,18 @@ def test_refuses_a_configuration_megatron_would_reject(tmp_path):
         bridge_overrides(problem, cfg)
 
 
-def test_refuses_bridge_activation_offload_with_pipeline_parallelism(tmp_path):
-    """frameworks.md: layer activation offload (cpu_offloading) does not run with PP>1; the
-    Megatron-LM export uses fine-grained offloading instead."""
+def test_layer_offload_needs_one_stage_and_module_offload_exports_its_modules(tmp_path):
+    """frameworks.md: layer activation offload (--cpu-offloading, Bridge cpu_offloading) does not
+    run with PP>1: refused by both, with the reason; Megatron's fine-grained offload of chosen
+    modules (--offload-modules) does, and exports exactly the modules chosen."""
     problem = small_problem(tmp_path)
     cfg = config_of(problem, tp=2, pp=2, activation_offload=True)
-    _, flags = megatron_args(problem, cfg)
-    assert "--fine-grained-activation-offloading" in flags
-    with pytest.raises(ExportError, match="pp > 1"):
-        bridge_overrides(problem, cfg)
+    for export in (megatron_args, bridge_overrides):
+        with pytest.raises(ExportError, match="pp > 1"):
+            export(problem, cfg)
+    modules = config_of(problem, tp=2, pp=2, activation_offload=["core_attn", "attn_proj"])
+    _, flags = megatron_args(problem, modules)
+    assert "--fine-grained-activation-offloading" in flags and "--offload-modules core_attn attn_proj" in flags
     single_stage = config_of(problem, tp=8, pp=1, activation_offload=True)
     assert "model.cpu_offloading_num_layers=31" in bridge_overrides(problem, single_stage)  # < L
 
@@ -131,3 +134,34 @@ def test_refuses_alibi(tmp_path):
     cfg = config_of(problem, tp=8, pp=2)
     with pytest.raises(ExportError, match="ALiBi"):
         megatron_args(problem, cfg)
+
+
+def test_exports_the_plans_issue7_added(tmp_path):
+    """ZeRO stages, CP variants, the flexible schedule's round size, recompute granularity: each
+    maps to the Megatron flag (frameworks.md) and Bridge field that says it."""
+    problem = small_problem(tmp_path, global_batch_size=64, seq_len=8192)
+    _, flags = megatron_args(problem, config_of(problem, tp=2, cp=2, zero_stage=3, cp_comm="all_gather", recompute="selective",
+                                                recompute_modules=["core_attn", "mlp"]))
+    assert {"--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params", "--cp-comm-type allgather",
+            "--recompute-granularity selective", "--recompute-modules core_attn mlp"} <= set(flags)
+    assert "--use-distributed-optimizer" not in flags
+    _, flags = megatron_args(problem, config_of(problem, tp=2, cp=4, cp_comm="a2a+p2p", cp_a2a=2, pp=2, vp=2, pp_schedule="flexible", pp_group=4,
+                                                recompute="full", recompute_method="block", recompute_num_layers=3))
+    assert {"--cp-comm-type a2a+p2p", "--hierarchical-context-parallel-sizes 2 2", "--microbatch-group-size-per-virtual-pipeline-stage 4",
+            "--recompute-method block", "--recompute-num-layers 3"} <= set(flags)
+    bridge = bridge_overrides(problem, config_of(problem, tp=2, zero_stage=2))
+    assert "ddp.use_megatron_fsdp=true" in bridge and "ddp.data_parallel_sharding_strategy=optim_grads" in bridge
+
+
+@pytest.mark.parametrize("fields,reason", [
+    (dict(tp=2, pp=2, pp_schedule="afab"), "all-forward-all-backward"),
+    (dict(tp=2, pp=2, vp=2, pp_schedule="dualpipev", pp_overlap=True), "DualPipeV"),
+    (dict(tp=2, pp=2, zero_stage=3), "pipeline parallelism"),
+    (dict(tp=2, zero_stage=3, reshard_after_forward=False), "frees gathered parameters"),
+])
+def test_refuses_what_megatron_cannot_run(tmp_path, fields, reason):
+    problem = small_problem(tmp_path, global_batch_size=64)
+    cfg = config_of(problem, **fields)
+    for export in (megatron_args, bridge_overrides):
+        with pytest.raises(ExportError, match=reason):
+            export(problem, cfg)

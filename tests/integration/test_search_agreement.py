@@ -1,12 +1,18 @@
-"""cpsat, exhaustive and DFS agree on small problems chosen to exercise the corners of the
-space: pp=2 with virtual stages, forced switches, sequence parallelism off, tied embeddings,
-unfused attention, MoE with expert-TP and routing imbalance, the e2e objective, tight memory."""
+"""cpsat (both its paths), exhaustive and DFS agree on small problems chosen to exercise the
+corners of the space: pp=2 with virtual stages, forced switches, sequence parallelism off, tied
+embeddings, unfused attention, MoE with expert-TP and routing imbalance, the e2e objective,
+tight memory, and each dimension issue 7 added (ZeRO stages and HSDP, the schedules, the CP
+variants with document masks, recompute granularity and fine-grained offload). The bases keep
+the new dimensions narrow (Megatron's schedules, ring CP, ZeRO-0/1) so each variant widens one."""
 
 import pytest
 import yaml
 
+import optimizer.cpsat
 from costmodel.loader import load_problem
 from optimizer.search import solve
+
+NARROW = {"search": {"pp_schedule": ["1f1b", "interleaved_1f1b"], "cp_comm": ["p2p"]}, "features": {"zero_stage": [0, 1]}}
 
 DENSE = {
     "model": {"preset": "llama3.1-8b", "num_layers": 16},
@@ -14,14 +20,16 @@ DENSE = {
     "cluster": {"num_gpus": 16, "gpus_per_node": 8},
     "training": {"global_batch_size": 32, "seq_len": 4096, "steps": 10000},
     "fault_tolerance": {"failure_rate_per_node_day": 0.01, "recovery_time_s": 300, "checkpoint_save_s": 20},
-    "search": {"mbs": [1, 2], "vp": [1, 2, 4]},
+    "search": {"mbs": [1, 2], "vp": [1, 2, 4], **NARROW["search"]},
+    "features": NARROW["features"],
 }
 MOE = {
     "model": {"preset": "mixtral-8x7b", "num_layers": 8},
     "hardware": "h100-sxm",
     "cluster": {"num_gpus": 16, "gpus_per_node": 8},
     "training": {"global_batch_size": 32, "seq_len": 4096},
-    "search": {"mbs": [1, 2], "vp": [1, 2]},
+    "search": {"mbs": [1, 2], "vp": [1, 2], **NARROW["search"]},
+    "features": NARROW["features"],
 }
 
 VARIANTS = {
@@ -33,11 +41,24 @@ VARIANTS = {
     "no-sequence-parallel": (DENSE, {"training": {"sequence_parallel": False}}),
     "gpt-tied-unfused": ({**DENSE, "model": {"preset": "gpt3-175b", "num_layers": 8, "hidden_size": 2048, "num_heads": 16, "ffn_hidden_size": 8192}},
                          {"training": {"attention_kernel": "unfused"}}),
-    "tight-memory": (DENSE, {"hardware": {"preset": "h100-sxm", "memory_gb": 24}}),
+    "tight-memory": (DENSE, {"hardware": {"preset": "h100-sxm", "memory_mib": 24576}}),
     "e2e": (DENSE, {"search": {"objective": "e2e"}}),
     "moe": (MOE, {}),
     "moe-imbalanced-etp": (MOE, {"training": {"moe_routing_imbalance": 2.0}, "search": {"etp": [1, 2]}}),
-    "moe-ep-overlap-on": (MOE, {"features": {"ep_overlap": "on"}}),
+    "moe-ep-overlap-on": (MOE, {"features": {"ep_overlap": "on", "zero_stage": [0, 1]}}),
+    "zero-stages-hsdp": (DENSE, {"features": {"zero_stage": [0, 1, 2, 3]}, "search": {"dp_shard": [2, 4], "tp": [1], "pp": [1, 2], "mbs": [1], "vp": [1],
+                                                                                      "pp_schedule": ["1f1b", "interleaved_1f1b"], "cp_comm": ["p2p"]}}),
+    "schedules": (DENSE, {"search": {"pp_schedule": ["1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev"], "pp": [2, 4], "tp": [1],
+                                     "vp": [1, 2, 4], "mbs": [1], "cp_comm": ["p2p"]}}),
+    "cp-variants-document-masks": (DENSE, {"training": {"seq_len": 16384, "mean_document_tokens": 2048},
+                                           "search": {"cp": [2, 4], "cp_comm": ["p2p", "all_gather", "a2a", "a2a+p2p"], "cp_a2a": [2],
+                                                      "mbs": [1], "vp": [1], "pp_schedule": ["1f1b"]}}),
+    "recompute-offload-granularity": (DENSE, {"hardware": {"preset": "h100-sxm", "memory_mib": 24576}, "search": {"tp": [1], "pp": [1, 2], "recompute_block_layers": [1, 2], "recompute_modules": [["core_attn"], ["core_attn", "mlp"], ["layernorm"]],
+                                                         "activation_offload": [False, "layer", ["core_attn", "attn_proj"]], "mbs": [1],
+                                                         "vp": [1, 2], "pp_schedule": ["1f1b", "interleaved_1f1b"], "cp_comm": ["p2p"]}}),
+    "moe-zero3-modules": (MOE, {"features": {"zero_stage": [2, 3], "recompute": ["none", "selective"]},
+                                "search": {"recompute_modules": [["moe_act"], ["moe"], ["core_attn", "moe_act"]], "mbs": [1], "vp": [1], "tp": [1], "ep": [2, 8],
+                                           "pp_schedule": ["1f1b"], "cp_comm": ["p2p"]}}),
 }
 
 
@@ -49,16 +70,22 @@ def merged(base, change):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_methods_agree(tmp_path, name):
+def test_methods_agree(tmp_path, monkeypatch, name):
     base, change = VARIANTS[name]
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(merged(base, change)))
     problem = load_problem(str(path))
     exhaustive = solve(problem, "exhaustive", top_k=3)
+    assert exhaustive.evaluated > 0
     cpsat = solve(problem, "cpsat", top_k=3)
-    assert cpsat.status == exhaustive.status, (cpsat.status, exhaustive.status)
-    assert list(cpsat.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12)
-    if len(exhaustive.top_values) and exhaustive.space_size < 60000:
+    assert cpsat.stats["path"].startswith("bound-ordered")
+    monkeypatch.setattr(optimizer.cpsat, "DIRECT_ROWS", 0)  # and through the CP-SAT model
+    solver = solve(problem, "cpsat", top_k=3)
+    assert solver.stats["path"] == "CP-SAT"
+    for result in (cpsat, solver):
+        assert result.status == exhaustive.status, (result.status, exhaustive.status)
+        assert list(result.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12)
+    if len(exhaustive.top_values) and exhaustive.evaluated < 6000:
         dfs = solve(problem, "dfs", top_k=3)
         assert list(dfs.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12)
         assert dfs.evaluated == exhaustive.evaluated

@@ -51,7 +51,7 @@ def test_cpu_optimizer_and_distributed_optimizer_shrink_memory():
     common = dict(tp=8, pp=8, vp=8, mbs=1, first_layers=15, last_layers=15, activation_offload=1)
     plain, dist, cpu = (
         ConfigBatch.from_columns(512, **common),
-        ConfigBatch.from_columns(512, distributed_optimizer=1, **common),
+        ConfigBatch.from_columns(512, zero_stage=1, **common),
         ConfigBatch.from_columns(512, cpu_optimizer=1, **common),
     )
     p0, p1, p2 = (float(evaluate(problem, b).memory_bytes["optimizer"][0]) for b in (plain, dist, cpu))
