@@ -6,9 +6,19 @@ from __future__ import annotations
 import json
 
 from mofa.report import finite
+from mofa.version import version
 
 #: `mofa solve` found nothing to launch (infeasible, or the time limit ran out first)
 EXIT_INFEASIBLE = 1
+
+
+def stamped(obj: dict, inputs: str | list[str] | None) -> dict:
+    """The tool's version and the input file(s) first, then the result: a JSON output says
+    what produced it from what."""
+    head = {"mofa_version": version()}
+    if inputs is not None:
+        head["input"] = inputs
+    return {**head, **{k: v for k, v in obj.items() if k not in head}}
 
 
 def to_json(obj) -> str:

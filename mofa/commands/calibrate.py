@@ -6,7 +6,7 @@ import os
 import sys
 
 from mofa.atomic import write_atomically
-from mofa.commands._common import add_json_option, to_json
+from mofa.commands._common import add_json_option, stamped, to_json
 
 NAME = "calibrate"
 HELP = "fit a hardware profile to measured runs"
@@ -56,5 +56,5 @@ def run(args) -> int:
         except OSError as exc:
             print(f"mofa calibrate: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    print(to_json(doc) if args.json else render_calibration(doc))
+    print(to_json(stamped(doc, list(args.data))) if args.json else render_calibration(doc))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from costmodel.loader import ProblemError
-from mofa.commands._common import add_json_option, load_for_search
+from mofa.commands._common import add_json_option, load_for_search, stamped
 from mofa.report import finite
 
 NAME = "compare"
@@ -49,7 +49,8 @@ def run(args) -> int:
         rows.append(entry)
     rows = finite(rows)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        # a list, one entry per problem; each carries the version and its input file
+        print(json.dumps([stamped(row, row["problem"]) for row in rows], indent=2))
     else:
         print(render_compare(rows))
     return 0

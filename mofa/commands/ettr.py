@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 
-from mofa.commands._common import add_json_option, emit
+from mofa.commands._common import add_json_option, emit, stamped
 
 NAME = "ettr"
 HELP = "effective training time ratio, optimal checkpoint interval, end-to-end time"
@@ -74,5 +74,5 @@ def run(args) -> int:
     ]
     if args.steps:
         text.append(f"end-to-end time for {args.steps:,} steps: {duration(out['e2e_time_s'])}")
-    emit(out, args.json, "\n".join(text))
+    emit(stamped(out, None), args.json, "\n".join(text))
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from costmodel.loader import ProblemError
-from mofa.commands._common import add_json_option, add_set_option, emit, with_interval
+from mofa.commands._common import add_json_option, add_set_option, emit, stamped, with_interval
 
 NAME = "evaluate"
 HELP = "score one configuration of a problem"
@@ -28,5 +28,5 @@ def run(args) -> int:
     batch = ConfigBatch.from_specs(problem, [problem.config])
     result = evaluate(problem, batch).as_dict(0, batch)
     result = with_interval(problem, result)
-    emit(result, args.json, render_evaluation(problem.name, result, problem.hardware.memory_gb))
+    emit(stamped(result, args.problem) if args.json else result, args.json, render_evaluation(problem.name, result, problem.hardware.memory_gb))
     return 0

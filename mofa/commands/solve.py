@@ -10,7 +10,7 @@ import sys
 
 from costmodel.loader import ProblemError
 from mofa.atomic import write_atomically
-from mofa.commands._common import EXIT_INFEASIBLE, add_json_option, add_set_option, load_for_search, with_interval
+from mofa.commands._common import EXIT_INFEASIBLE, add_json_option, add_set_option, load_for_search, stamped, with_interval
 from mofa.report import finite
 
 NAME = "solve"
@@ -48,7 +48,7 @@ def run(args) -> int:
         result = solve(problem, args.method, args.objective, args.top, args.time_limit)
     except ObjectiveError as exc:
         raise ProblemError(args.problem, "search.objective", str(exc)) from None
-    out = finite(result.as_dict(problem))
+    out = stamped(finite(result.as_dict(problem)), args.problem)
     for entry in out["top"]:
         with_interval(problem, entry)
     if args.out:

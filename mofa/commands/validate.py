@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from mofa.commands._common import add_json_option, to_json
+from mofa.commands._common import add_json_option, stamped, to_json
 
 NAME = "validate"
 HELP = "compare predictions with measured runs"
@@ -61,7 +61,7 @@ def run(args) -> int:
         })
     out = summary(rows, profiles, efficiencies)
     out["memory_checks"] = memory_checks()
-    print(to_json(out) if args.json else render_validation(out))
+    print(to_json(stamped(out, list(args.data))) if args.json else render_validation(out))
     if args.max_mape is not None and out["mape_pct"] is not None and out["mape_pct"] > args.max_mape:
         print(f"mofa validate: MAPE {out['mape_pct']:.2f}% exceeds --max-mape {args.max_mape}", file=sys.stderr)
         return 1
