@@ -1,9 +1,11 @@
 """The `mofa` command line: builds the parser from the command modules (mofa/commands/) and
-dispatches to them. Bad input ends in one line on stderr and exit code 2."""
+dispatches to them. Bad input ends in one line on stderr and exit code 2; a closed pipe
+(`mofa ... | head`) ends quietly with 141, Ctrl-C with one line and 130."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from costmodel.loader import ProblemError
@@ -11,6 +13,8 @@ from mofa.commands import COMMANDS
 from mofa.version import version
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a job ended by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`'s yes
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,12 +55,41 @@ def _run(argv: list[str] | None) -> int:
         return EXIT_USAGE
 
 
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _stdout_to_devnull() -> None:
+    """After a broken pipe, Python's final flush of stdout at exit would fail again and print
+    'Exception ignored ... BrokenPipeError': point the descriptor at /dev/null instead."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return  # not a real file (captured in-process): nothing is flushed to a descriptor
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _run(argv)
+        try:
+            code = _run(argv)
+        except SystemExit:  # argparse: --help, --version, a usage error
+            _flush_stdout()
+            raise
+        _flush_stdout()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), "")
+        print(f"mofa{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
