@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 
 from costmodel.loader import ProblemError
-from mofa.atomic import write_atomically
+from mofa.atomic import check_target, write_file_set
 from mofa.commands._common import EXIT_INFEASIBLE, add_json_option, add_set_option, load_for_search, stamped, with_interval
 from mofa.report import finite
 
@@ -44,6 +43,12 @@ def run(args) -> int:
         print("mofa solve: --time-limit must be positive", file=sys.stderr)
         return 2
     problem = load_for_search(args.problem, args.set)
+    if args.out:
+        try:
+            check_target(args.out, OUTPUT_FILES)  # refuse a folder of other files before searching
+        except OSError as exc:
+            print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     try:
         result = solve(problem, args.method, args.objective, args.top, args.time_limit)
     except ObjectiveError as exc:
@@ -64,32 +69,43 @@ def run(args) -> int:
     return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
 
 
-def write_outputs(problem, out: dict, directory: str) -> None:
+#: every file `solve --out` may write; a folder holding only these can be replaced
+OUTPUT_FILES = ("result.json", "best.yaml", "megatron_args.sh", "bridge_overrides.txt", "export_errors.txt")
+
+
+def output_files(problem, out: dict) -> dict[str, str]:
+    """{file name: text} of the set `solve --out` writes for this result."""
     import yaml
 
     from mofa.export import ExportError, bridge_overrides, megatron_args
 
-    os.makedirs(directory, exist_ok=True)
-    write_atomically(os.path.join(directory, "result.json"), json.dumps(out, indent=2) + "\n")
+    files = {"result.json": json.dumps(out, indent=2) + "\n"}
     best = out.get("best")
     if not best:
-        return
+        return files
     config = dict(best["config"])
     if best.get("checkpoint_interval") is not None:
         config["checkpoint_interval"] = best["checkpoint_interval"]  # the interval eq. 44 chose
     keep = {k: v for k, v in config.items() if k not in ("dp",)}
-    write_atomically(os.path.join(directory, "best.yaml"), yaml.safe_dump({"config": keep}, sort_keys=False))
+    files["best.yaml"] = yaml.safe_dump({"config": keep}, sort_keys=False)
     errors = []
     try:
         env, flags = megatron_args(problem, config)
         lines = ["#!/usr/bin/env bash", "# Megatron-LM launch flags chosen by `mofa solve`", *[f"export {k}={v}" for k, v in env.items()], "MEGATRON_ARGS=("]
         lines += [f"  {flag}" for flag in flags] + [")", 'echo "${MEGATRON_ARGS[@]}"', ""]
-        write_atomically(os.path.join(directory, "megatron_args.sh"), "\n".join(lines))
+        files["megatron_args.sh"] = "\n".join(lines)
     except ExportError as exc:
         errors.append(f"megatron: {exc}")
     try:
-        write_atomically(os.path.join(directory, "bridge_overrides.txt"), "\n".join(bridge_overrides(problem, config)) + "\n")
+        files["bridge_overrides.txt"] = "\n".join(bridge_overrides(problem, config)) + "\n"
     except ExportError as exc:
         errors.append(f"bridge: {exc}")
     if errors:
-        write_atomically(os.path.join(directory, "export_errors.txt"), "\n".join(errors) + "\n")
+        files["export_errors.txt"] = "\n".join(errors) + "\n"
+    return files
+
+
+def write_outputs(problem, out: dict, directory: str) -> None:
+    """Replace the folder's set of files as a whole: a run killed at any moment leaves the
+    previous set or this one, and no file of an earlier run this one did not write."""
+    write_file_set(directory, output_files(problem, out), owned=OUTPUT_FILES)
