@@ -314,6 +314,9 @@ def read_yaml(path: str) -> dict:
         raw = p.read_bytes()
     except OSError as exc:
         raise ProblemError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    for bom, encoding in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if raw.startswith(bom):
+            raise ProblemError(path, None, f"not UTF-8 text ({encoding}, by its byte-order mark): save it as UTF-8")
     if b"\x00" in raw:
         nul = raw.index(b"\x00")
         line = raw.count(b"\n", 0, nul) + 1
