@@ -75,7 +75,10 @@ def _field_path(loc: tuple) -> str:
 
 
 def _describe(err: ValidationError) -> tuple[str | None, str]:
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    # a misspelt key is both unknown and the reason a required key is missing: name the
+    # misspelling ("model.prese: unknown field"), not a consequence ("model.name: missing")
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     field = _field_path(first["loc"])
     message = first["msg"]
     message = re.sub(r"^(Value error|Assertion failed), ", "", message)
