@@ -68,7 +68,7 @@ SCHEMA = "schema strictness: specs.py refactor in progress"
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.xfail(strict=False, reason=SCHEMA)) for k in malformed.STRICTNESS])
-@settings(max_examples=30, phases=[Phase.explicit, Phase.generate], **COMMON)
+@settings(max_examples=100, phases=[Phase.explicit, Phase.generate], **COMMON)
 @given(data=st.data())
 def test_schema_strictness(kind, data, workdir):
     """Accepted today by costmodel/specs.py: a bool for a number (True taken as 1), a
