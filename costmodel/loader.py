@@ -178,11 +178,10 @@ class StrictLoader(yaml.SafeLoader):
         every alias expanded, iteratively and memoised per node: linear in the file's size
         whatever the aliases would expand to, and a recursive alias is an error."""
         seen = {id(root)}
-        order, stack = [], [(root, "")]
+        stack = [(root, "")]
         while stack:
             node, path = stack.pop()
             self._paths[id(node)] = path
-            order.append(node)
             for child, child_path in reversed(_children(node, path)):
                 if id(child) not in seen:
                     seen.add(id(child))
