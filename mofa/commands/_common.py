@@ -1,0 +1,58 @@
+"""What several commands share: JSON/text output, provenance stamps, problem loading for
+the searches, the calibration interval. Light imports only (this is loaded for --help)."""
+
+from __future__ import annotations
+
+import json
+
+from mofa.report import finite
+from mofa.version import version
+
+#: `mofa solve` found nothing to launch (infeasible, or the time limit ran out first)
+EXIT_INFEASIBLE = 1
+
+
+def stamped(obj: dict, inputs: str | list[str] | None) -> dict:
+    """The tool's version and the input file(s) first, then the result: a JSON output says
+    what produced it from what."""
+    head = {"mofa_version": version()}
+    if inputs is not None:
+        head["input"] = inputs
+    return {**head, **{k: v for k, v in obj.items() if k not in head}}
+
+
+def to_json(obj) -> str:
+    return json.dumps(finite(obj), indent=2, allow_nan=False)
+
+
+def emit(obj, as_json: bool, text: str) -> None:
+    print(to_json(obj) if as_json else text)
+
+
+def with_interval(problem, result: dict) -> dict:
+    """Attach the calibration uncertainty interval when the hardware profile carries one."""
+    from costmodel.uncertainty import step_time_interval
+
+    interval = step_time_interval(problem.hardware, result["step_time_s"])
+    if interval is not None:
+        result["step_time_interval_s"] = list(interval)
+    return result
+
+
+def load_for_search(path: str, overrides: list[str] | None = None):
+    """A problem to search: its fixed configuration, if any, is dropped."""
+    from costmodel.loader import load_problem
+
+    problem = load_problem(path, overrides)
+    if problem.config is not None:
+        problem = problem.model_copy(update={"config": None})
+    return problem
+
+
+def add_set_option(parser, example: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a config key or any field by its dotted path ({example}); repeatable (default: none)")
+
+
+def add_json_option(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text (default: text)")

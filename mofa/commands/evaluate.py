@@ -1,0 +1,32 @@
+"""`mofa evaluate`: score the configuration of a problem file."""
+
+from __future__ import annotations
+
+from costmodel.loader import ProblemError
+from mofa.commands._common import add_json_option, add_set_option, emit, stamped, with_interval
+
+NAME = "evaluate"
+HELP = "score one configuration of a problem"
+DESCRIPTION = "Score the configuration of a problem file (its config section, overridden by --set): step time and its breakdown, memory, MFU, ETTR and end-to-end time."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("problem", help="problem file (YAML)")
+    add_set_option(p, "tp=8, training.seq_len=4096")
+    add_json_option(p)
+
+
+def run(args) -> int:
+    from costmodel.configs import ConfigBatch
+    from costmodel.evaluate import evaluate
+    from costmodel.loader import load_problem
+    from mofa.report import render_evaluation
+
+    problem = load_problem(args.problem, args.set)
+    if problem.config is None:
+        raise ProblemError(args.problem, "config", "no configuration to evaluate: add a config section or --set tp=... pp=...")
+    batch = ConfigBatch.from_specs(problem, [problem.config])
+    result = evaluate(problem, batch).as_dict(0, batch)
+    result = with_interval(problem, result)
+    emit(stamped(result, args.problem) if args.json else result, args.json, render_evaluation(problem.name, result))
+    return 0

@@ -1,0 +1,111 @@
+"""`mofa solve`: find the best configurations of a problem, optionally writing the launch
+files of the best one to a folder."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from costmodel.loader import ProblemError
+from mofa.atomic import check_target, write_file_set
+from mofa.commands._common import EXIT_INFEASIBLE, add_json_option, add_set_option, load_for_search, stamped, with_interval
+from mofa.report import finite
+
+NAME = "solve"
+HELP = "find the best configurations of a problem"
+DESCRIPTION = ("Find the configurations of a problem that minimise the step time or the end-to-end time. "
+               "Exit code 1 when there is nothing to launch (no admissible configuration, or none found before --time-limit).")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("problem", help="problem file (YAML)")
+    p.add_argument("--method", choices=("cpsat", "dfs", "exhaustive"), default="cpsat",
+                   help="cpsat: CP-SAT tuner certified by the exact model; dfs: MoFa's depth-first search; exhaustive: score every configuration")
+    p.add_argument("--objective", choices=("step", "e2e"), help="minimise the step time or the end-to-end time (default: the problem's search.objective)")
+    p.add_argument("--top", type=int, default=1, metavar="K", help="report the K best configurations")
+    p.add_argument("--time-limit", type=float, metavar="S", help="stop the search after S seconds (default: no limit)")
+    add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
+    add_json_option(p)
+    p.add_argument("--out", metavar="DIR",
+                   help="write result.json, best.yaml, megatron_args.sh and bridge_overrides.txt here, replacing the folder's previous set (default: write nothing)")
+
+
+def run(args) -> int:
+    from mofa.report import render_solve
+    from optimizer.result import ObjectiveError
+    from optimizer.search import solve
+
+    if args.top < 1:
+        print("mofa solve: --top must be at least 1", file=sys.stderr)
+        return 2
+    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
+        print("mofa solve: --time-limit must be positive", file=sys.stderr)
+        return 2
+    problem = load_for_search(args.problem, args.set)
+    if args.out:
+        try:
+            check_target(args.out, OUTPUT_FILES)  # refuse a folder of other files before searching
+        except OSError as exc:
+            print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    try:
+        result = solve(problem, args.method, args.objective, args.top, args.time_limit)
+    except ObjectiveError as exc:
+        raise ProblemError(args.problem, "search.objective", str(exc)) from None
+    out = stamped(finite(result.as_dict(problem)), args.problem)
+    for entry in out["top"]:
+        with_interval(problem, entry)
+    if args.out:
+        try:
+            write_outputs(problem, out, args.out)
+        except OSError as exc:
+            print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_solve(problem, out))
+    return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
+
+
+#: every file `solve --out` may write; a folder holding only these can be replaced
+OUTPUT_FILES = ("result.json", "best.yaml", "megatron_args.sh", "bridge_overrides.txt", "export_errors.txt")
+
+
+def output_files(problem, out: dict) -> dict[str, str]:
+    """{file name: text} of the set `solve --out` writes for this result."""
+    import yaml
+
+    from mofa.export import ExportError, bridge_overrides, megatron_args
+
+    files = {"result.json": json.dumps(out, indent=2) + "\n"}
+    best = out.get("best")
+    if not best:
+        return files
+    config = dict(best["config"])
+    if best.get("checkpoint_interval") is not None:
+        config["checkpoint_interval"] = best["checkpoint_interval"]  # the interval eq. 44 chose
+    keep = {k: v for k, v in config.items() if k not in ("dp",)}
+    files["best.yaml"] = yaml.safe_dump({"config": keep}, sort_keys=False)
+    errors = []
+    try:
+        env, flags = megatron_args(problem, config)
+        lines = ["#!/usr/bin/env bash", "# Megatron-LM launch flags chosen by `mofa solve`", *[f"export {k}={v}" for k, v in env.items()], "MEGATRON_ARGS=("]
+        lines += [f"  {flag}" for flag in flags] + [")", 'echo "${MEGATRON_ARGS[@]}"', ""]
+        files["megatron_args.sh"] = "\n".join(lines)
+    except ExportError as exc:
+        errors.append(f"megatron: {exc}")
+    try:
+        files["bridge_overrides.txt"] = "\n".join(bridge_overrides(problem, config)) + "\n"
+    except ExportError as exc:
+        errors.append(f"bridge: {exc}")
+    if errors:
+        files["export_errors.txt"] = "\n".join(errors) + "\n"
+    return files
+
+
+def write_outputs(problem, out: dict, directory: str) -> None:
+    """Replace the folder's set of files as a whole: a run killed at any moment leaves the
+    previous set or this one, and no file of an earlier run this one did not write."""
+    write_file_set(directory, output_files(problem, out), owned=OUTPUT_FILES)
