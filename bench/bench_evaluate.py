@@ -30,7 +30,7 @@ from costmodel.arrays import tune_allocator  # noqa: E402
 from costmodel.configs import ConfigBatch  # noqa: E402
 from costmodel.evaluate import evaluate  # noqa: E402
 from costmodel.loader import load_problem  # noqa: E402
-from costmodel.pipeline import split_layers  # noqa: E402
+from costmodel.layout import split_layers  # noqa: E402
 from costmodel.specs import FEATURES  # noqa: E402
 
 PROBLEMS = [

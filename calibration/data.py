@@ -10,7 +10,7 @@ from pydantic import Field, ValidationError
 
 from costmodel.configs import ConfigBatch
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
-from costmodel.loader import ProblemError, _describe, read_yaml
+from costmodel.loader import ProblemError, _describe, build_problem, read_yaml
 from costmodel.rules import config_violations
 from costmodel.specs import ConfigSpec, Problem, Spec
 from costmodel.units import TFLOP
@@ -83,13 +83,13 @@ def load_point(path: str) -> Point:
     config = data.pop("config", None)
     if config is None:
         raise ProblemError(path, "config", "a validation point needs the known configuration")
+    problem = build_problem(data, path)
     try:
-        problem = Problem.model_validate(data, context={"base_dir": str(Path(path).parent)})
         # with unknown fields the rules are checked by the search that resolves them
         problem = problem.model_copy(update={"config": ConfigSpec.model_validate(config)})
     except ValidationError as exc:
         fld, message = _describe(exc)
-        raise ProblemError(path, fld if exc.title == "Problem" else f"config.{fld}", message) from None
+        raise ProblemError(path, f"config.{fld}" if fld else "config", message) from None
     if not unknown:  # fully stated: it must obey the rules now (resolved points obey them by search)
         broken = config_violations(problem, problem.config)
         if broken:

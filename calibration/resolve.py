@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from calibration.data import Point
 from costmodel.configs import ConfigBatch
-from costmodel.pipeline import layout_name
+from costmodel.layout import layout_name
 from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
 from optimizer.exhaustive import solve_exhaustive
 

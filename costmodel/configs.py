@@ -212,7 +212,7 @@ def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
     to the fault_tolerance section's. Settings that mean the same are written one way (block
     recompute of every layer of a stage is uniform recompute of one layer; an HSDP group as large
     as dp*cp is no HSDP), so every configuration has one canonical row."""
-    from costmodel.pipeline import SPLIT_MODES, split_layers  # here: pipeline imports ConfigBatch
+    from costmodel.layout import SPLIT_MODES, split_layers
 
     L = problem.model.num_layers
     if spec.first_stage_layers is not None or spec.last_stage_layers is not None:

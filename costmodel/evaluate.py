@@ -16,7 +16,7 @@ import numpy as np
 from costmodel import architecture as arch
 from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
-from costmodel.configs import CP_COMM_CODES, PP_SCHEDULE_CODES, ConfigBatch
+from costmodel.configs import CP_COMM_CODES, ConfigBatch
 from costmodel.documents import attention_factor
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
@@ -26,7 +26,7 @@ from costmodel.pipeline import grad_windows, in_flight, pipeline_time, rank_clas
 from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import Problem
-from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP
+from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP, optimizer_state_bytes
 from costmodel.update import optimizer_time, window_traffic, zero3_gathers
 
 #: step-time ledger: per-micro-batch terms of the pacing rank (times the micro-batches), then the
@@ -120,7 +120,7 @@ def checkpoint_save_s(problem: Problem) -> float | None:
         return ft.checkpoint_save_s
     tr = problem.training
     d_para, d_opt = tr.bytes_of("params"), tr.bytes_of("optimizer")
-    states = (3 if d_para < d_opt else 2) * d_opt  # a master copy only when the weights are narrower
+    states = optimizer_state_bytes(d_para, d_opt)
     state_bytes = arch.total_params(problem.model) * (d_para + states)
     return state_bytes / (ft.checkpoint_write_gb_per_s_per_node * GB * problem.cluster.num_nodes)
 

@@ -232,6 +232,17 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML) reads 15.0e12 and 1e9 as strings: it wants a sign in the exponent and a dot.
+# Problem files write token counts that way, and a strict schema would reject the string, so
+# numbers in scientific notation are floats here, as YAML 1.2 says.
+StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _load_text(text: str):
     loader = StrictLoader(text)
     try:
@@ -385,13 +396,34 @@ def load_problem(path: str, overrides: list[str] | None = None) -> Problem:
     if "measured" in data:
         raise ProblemError(path, "measured", "this is a validation point: use `mofa validate` (or `mofa calibrate`) with it")
     _check_references(data, path)
+    problem = build_problem(data, path)
+    check_config(problem, path)
+    return problem
+
+
+def build_problem(data: dict, path: str) -> Problem:
+    """The typed problem of a problem file's data: the model and hardware references resolved
+    (a preset, a preset with overrides, a Hugging Face config.json relative to the file, or an
+    inline spec), then every section validated. Errors name the field."""
+    from costmodel.presets import resolve_hardware, resolve_model  # presets import the schema
+
+    data = dict(data)
+    base_dir = str(Path(path).parent)
+    for section, resolve in (("model", lambda v: resolve_model(v, base_dir)), ("hardware", resolve_hardware)):
+        if section not in data:
+            continue
+        try:
+            data[section] = resolve(data[section])
+        except ValidationError as exc:
+            field, message = _describe(exc)
+            raise ProblemError(path, f"{section}.{field}" if field else section, message) from None
+        except ValueError as exc:
+            raise ProblemError(path, section, str(exc)) from None
     try:
-        problem = Problem.model_validate(data, context={"base_dir": str(Path(path).parent)})
+        return Problem.model_validate(data)
     except ValidationError as exc:
         field, message = _describe(exc)
         raise ProblemError(path, field, message) from None
-    check_config(problem, path)
-    return problem
 
 
 def check_config(problem: Problem, path: str) -> None:

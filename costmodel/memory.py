@@ -56,7 +56,7 @@ from costmodel.arrays import blend
 from costmodel.configs import OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch, Derived
 from costmodel.layer import LayerCosts
 from costmodel.pipeline import RankLayers
-from costmodel.units import MIB
+from costmodel.units import MIB, optimizer_state_bytes
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "gathered_params", "activations", "optimizer_transient", "comm_buffers", "cuda_context", "fragmentation")
 
@@ -179,7 +179,7 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     if mc.mofa_eq4:  # MoFa eq. 4 taken literally: four D_opt copies for the whole run
         states, transient = 4 * mc.d_opt * opt_params, 0.0 * opt_params
     else:
-        states = (3 if mc.d_para < mc.d_opt else 2) * mc.d_opt * opt_params
+        states = optimizer_state_bytes(mc.d_para, mc.d_opt) * opt_params
         transient = (mc.d_opt if mc.d_grad < mc.d_opt else 0) * opt_params
     gpu_states = blend(x.cpu, np.maximum(0.0, states - mc.host_share_bytes), states)
     host_states = x.cpu * np.minimum(states, mc.host_share_bytes)

@@ -16,13 +16,12 @@ import numpy as np
 from costmodel.arrays import divides, floor_div
 from costmodel.configs import (
     CP_COMM_CODES,
-    OFFLOAD_LAYER,
     PP_SCHEDULE_CODES,
     RECOMPUTE_CODES,
     RECOMPUTE_MODULE_BITS,
     ConfigBatch,
 )
-from costmodel.pipeline import middle_layers, split_layers, split_ok
+from costmodel.layout import middle_layers, split_layers, split_ok
 from costmodel.specs import FEATURES, ConfigSpec, Problem
 
 S = PP_SCHEDULE_CODES
@@ -70,6 +69,22 @@ RULES: dict[str, tuple[str, str]] = {
 }
 
 
+def tp_domain(problem: Problem) -> int:
+    """GPUs TP may span: a node, or a supernode if search.tp_domain says so."""
+    cl = problem.cluster
+    return cl.supernode if problem.search.tp_domain == "supernode" else cl.gpus_per_node
+
+
+def kv_heads_fit(kv_heads, tp):
+    """Megatron's TransformerConfig: the KV heads (query groups) are a multiple of tp or divide it."""
+    return divides(tp, kv_heads) | divides(kv_heads, tp)
+
+
+def kv_heads(problem: Problem) -> int:
+    m = problem.model
+    return m.kv_heads if m.mla is None else m.num_heads
+
+
 def _has(mask, bit) -> np.ndarray:
     return (mask.astype(np.int64) & bit) != 0
 
@@ -84,8 +99,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
 
     # model-shape rules first: they are the most specific explanation when several fail
     out["tp_divides_heads"] = ~divides(t, m.num_heads)
-    kv = m.kv_heads if m.mla is None else m.num_heads
-    out["tp_kv_heads"] = ~(divides(t, kv) | divides(kv, t))
+    out["tp_kv_heads"] = ~kv_heads_fit(kv_heads(problem), t)
     out["cp_divides_seq"] = (c > 1) & ~divides(2 * c, tr.seq_len)
     out["cp_comm_needs_cp"] = (c == 1) & (cfg.cp_comm != C["p2p"])
     a2a_degree = np.select([cfg.cp_comm == C["a2a"], cfg.cp_comm == C["a2a+p2p"]], [c, np.maximum(cfg.cp_a2a, 1.0)], 1.0)
@@ -94,8 +108,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     out["cp_a2a_degree"] = np.where(hierarchical, ~((cfg.cp_a2a > 1) & (cfg.cp_a2a < c) & divides(cfg.cp_a2a, c)), cfg.cp_a2a != 0)
     out["world_size"] = d == 0
     out["dp_matches"] = np.zeros(len(cfg), bool)
-    domain = cl.supernode if problem.search.tp_domain == "supernode" else cl.gpus_per_node
-    out["tp_in_domain"] = t > domain
+    out["tp_in_domain"] = t > tp_domain(problem)
     out["layers_split"] = ~split_ok(m.num_layers, cfg)
     out["vp_needs_pp"] = (v > 1) & ~((p > 2) | ((p > 1) & (cfg.pp_overlap == 1)) | ((p > 1) & (sched != S["interleaved_1f1b"])))
 

@@ -2,14 +2,17 @@
 
 A problem names a model, a GPU, a cluster, the training job, which optimisation features
 may be used, the fault-tolerance inputs, the search space and optionally one fixed
-configuration. Presets are resolved here (by name) so that errors carry the field path.
-Everything is frozen: a resolved problem is a value, hashable by identity and safe to cache on.
+configuration. This module is pure data: the loader (costmodel.loader) resolves presets and
+Hugging Face configs into these types and checks a fixed configuration against the rules
+(costmodel.rules). Each class checks only itself; cross-field checks that need the model's
+arithmetic live in the rules. Everything is frozen: a resolved problem is a value, hashable by
+identity and safe to cache on.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -22,9 +25,19 @@ SplitMode = Literal["even", "embedding_loss", "uneven"]
 
 
 class Spec(BaseModel):
-    """Base: unknown keys are errors (a typo must not be silently ignored), values frozen."""
+    """Base: unknown keys are errors (a typo must not be silently ignored), values frozen, types
+    strict (no `true` for 1, no "8" for 8, no 8.0 for an integer) and numbers finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+#: counts (layers, GPUs, sizes, steps): beyond int32 nothing is physical, and the model's float64
+#: arithmetic stays exact
+Count = Annotated[int, Field(le=2**31 - 1)]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Probability = Annotated[float, Field(ge=0, le=1)]
 
 
 # --------------------------------------------------------------------------------------
@@ -33,21 +46,21 @@ class Spec(BaseModel):
 class MLASpec(Spec):
     """Multi-head latent attention (DeepSeek-V2/V3)."""
 
-    q_lora_rank: int | None = Field(default=None, gt=0, description="None: Q is projected directly")
-    kv_lora_rank: int = Field(gt=0)
-    qk_nope_head_dim: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
-    v_head_dim: int = Field(gt=0)
+    q_lora_rank: Count | None = Field(default=None, gt=0, description="None: Q is projected directly")
+    kv_lora_rank: Count = Field(gt=0)
+    qk_nope_head_dim: Count = Field(gt=0)
+    qk_rope_head_dim: Count = Field(gt=0)
+    v_head_dim: Count = Field(gt=0)
 
 
 class MoESpec(Spec):
-    num_experts: int = Field(gt=0, description="routed experts")
-    top_k: int = Field(gt=0)
-    expert_ffn_hidden_size: int = Field(gt=0)
-    num_shared_experts: int = Field(default=0, ge=0)
-    shared_expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
-    first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
-    max_nodes_per_token: int | None = Field(
+    num_experts: Count = Field(gt=0, description="routed experts")
+    top_k: Count = Field(gt=0)
+    expert_ffn_hidden_size: Count = Field(gt=0)
+    num_shared_experts: Count = Field(default=0, ge=0)
+    shared_expert_ffn_hidden_size: Count | None = Field(default=None, gt=0)
+    first_dense_layers: Count = Field(default=0, ge=0, description="leading layers with a dense MLP")
+    max_nodes_per_token: Count | None = Field(
         default=None, gt=0, description="node-limited routing (DeepSeek-V3: 4); caps inter-node copies"
     )
 
@@ -65,13 +78,13 @@ class MoESpec(Spec):
 class ModelSpec(Spec):
     name: str
     source: str = ""
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0, description="GQA groups; None = MHA")
-    head_dim: int | None = Field(default=None, gt=0)
-    ffn_hidden_size: int = Field(gt=0, description="dense MLP intermediate size g_d")
-    vocab_size: int = Field(gt=0)
+    num_layers: Count = Field(gt=0)
+    hidden_size: Count = Field(gt=0)
+    num_heads: Count = Field(gt=0)
+    num_kv_heads: Count | None = Field(default=None, gt=0, description="GQA groups; None = MHA")
+    head_dim: Count | None = Field(default=None, gt=0)
+    ffn_hidden_size: Count = Field(gt=0, description="dense MLP intermediate size g_d")
+    vocab_size: Count = Field(gt=0)
     activation: Literal["swiglu", "gelu", "squared_relu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     tied_embeddings: bool = False
@@ -130,7 +143,7 @@ class OverlapCoefficients(Spec):
 class CalibrationStats(Spec):
     """What a calibration measured: residuals of log(predicted / measured) step time."""
 
-    points: int = Field(gt=0)
+    points: Count = Field(gt=0)
     log_residual_sd: float = Field(ge=0, description="root mean square of log(pred/meas), leave-one-out (bias included)")
     mape_pct: float = Field(ge=0)
     loo_mape_pct: float | None = Field(default=None, ge=0)
@@ -153,9 +166,9 @@ class EfficiencyProfile(Spec):
     memory_bound_fraction: float = Field(default=0.75, gt=0, le=1, description="HBM fraction for elementwise kernels")
     kernel_overhead_us: float = Field(default=4.0, ge=0, description="launch + tail per kernel")
     #: measured points per operator class: {class: [[arithmetic_intensity, tflops], ...]}
-    profiled: dict[Literal["gemm", "grouped_gemm", "attention"], list[tuple[float, float]]] = {}
+    profiled: dict[Literal["gemm", "grouped_gemm", "attention"], list[tuple[Positive, Positive]]] = Field(default={}, strict=False)
     #: achieved fraction of the nominal per-GPU bandwidth per network level (MoFa eq. 18 lambda)
-    comm_efficiency: dict[Literal["node", "supernode", "cluster"], float] = {
+    comm_efficiency: dict[Literal["node", "supernode", "cluster"], Fraction] = {
         "node": 0.8,
         "supernode": 0.8,
         "cluster": 0.8,
@@ -164,7 +177,7 @@ class EfficiencyProfile(Spec):
     #: MoFa eq. 3's beta when the cluster gives no table: scale-out bandwidth of a collective
     #: spanning S GPUs is multiplied by (S / reference)^-exponent beyond the reference size
     scale_decay_exponent: float = Field(default=0.0, ge=0, le=1)
-    scale_decay_reference_gpus: int = Field(default=512, gt=0)
+    scale_decay_reference_gpus: Count = Field(default=512, gt=0)
     tp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
     cp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.05, beta=1.05)
     ep_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
@@ -177,8 +190,8 @@ class EfficiencyProfile(Spec):
 class HardwareSpec(Spec):
     name: str
     source: str = ""
-    peak_tflops: dict[Dtype, float] = Field(description="dense tensor-core peak per dtype, per GPU")
-    memory_mib: int = Field(
+    peak_tflops: dict[Dtype, Positive] = Field(description="dense tensor-core peak per dtype, per GPU")
+    memory_mib: Count = Field(
         gt=0,
         description="device memory as the GPU exposes it, in MiB (nvidia-smi's 'Total'; an '80 GB' H100 SXM shows "
         "81,559 MiB): the capacity every peak is compared with, byte for byte",
@@ -194,21 +207,21 @@ class HardwareSpec(Spec):
     cpu_optimizer_params_per_s: float = Field(
         default=2e9, gt=0, description="Adam parameters a GPU's share of host cores updates per second"
     )
-    cuda_context_mib: int = Field(
+    cuda_context_mib: Count = Field(
         default=600,
         ge=0,
         description="memory a training process holds outside PyTorch's allocator: the CUDA context with its loaded "
         "kernels (~400-600 MiB on Ampere/Hopper with CUDA 12 lazy loading) and the cuBLAS/cuBLASLt workspaces "
         "(32 MiB per stream on Hopper, PyTorch's default CUBLAS_WORKSPACE_CONFIG)",
     )
-    tp_overlap_buffers: int = Field(
+    tp_overlap_buffers: Count = Field(
         default=8,
         ge=0,
         description="activation-sized [s*b, h] staging buffers the TP-overlap kernels keep: Transformer Engine's "
         "userbuffers hold one per overlapped GEMM and direction (QKV, projection, FC1, FC2, forward and data-gradient: 8); "
         "fused compute-communication kernels that stage nothing: 0",
     )
-    nccl_mib_per_group: int = Field(
+    nccl_mib_per_group: Count = Field(
         default=512,
         ge=0,
         description="NCCL's own buffers per communicator a rank uses: per channel and peer the Simple protocol's "
@@ -231,7 +244,7 @@ class HardwareSpec(Spec):
 # Cluster
 # --------------------------------------------------------------------------------------
 class DecayPoint(Spec):
-    gpus: int = Field(gt=0)
+    gpus: Count = Field(gt=0)
     beta: float = Field(gt=0, le=1)
 
 
@@ -239,9 +252,9 @@ Dim = Literal["tp", "cp", "ep", "pp", "dp"]
 
 
 class ClusterSpec(Spec):
-    num_gpus: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
-    supernode_size: int | None = Field(default=None, gt=0, description="GPUs in one scale-up domain")
+    num_gpus: Count = Field(gt=0)
+    gpus_per_node: Count = Field(gt=0)
+    supernode_size: Count | None = Field(default=None, gt=0, description="GPUs in one scale-up domain")
     intra_node_gb_per_s: float | None = Field(default=None, gt=0, description="override the hardware's")
     supernode_gb_per_s: float | None = Field(default=None, gt=0, description="default: intra-node bandwidth")
     inter_node_gb_per_s: float | None = Field(default=None, gt=0)
@@ -291,9 +304,9 @@ class DtypeSpec(Spec):
 
 
 class TrainingSpec(Spec):
-    global_batch_size: int = Field(gt=0, description="sequences per step")
-    seq_len: int = Field(gt=0)
-    steps: int | None = Field(default=None, gt=0)
+    global_batch_size: Count = Field(gt=0, description="sequences per step")
+    seq_len: Count = Field(gt=0)
+    steps: Count | None = Field(default=None, gt=0)
     tokens: float | None = Field(default=None, gt=0, description="dataset tokens; steps = ceil(tokens/(GBS*seq))")
     dtypes: DtypeSpec = DtypeSpec()
     attention_kernel: Literal["flash", "unfused"] = "flash"
@@ -310,7 +323,7 @@ class TrainingSpec(Spec):
     moe_routing_imbalance: float = Field(
         default=1.0, ge=1, description="tokens received by the busiest expert rank / balanced share (MemFine)"
     )
-    mean_document_tokens: int | None = Field(
+    mean_document_tokens: Count | None = Field(
         default=None,
         gt=0,
         description="document masks (Llama 3): packed sequences hold documents of this mean length and tokens attend "
@@ -438,23 +451,18 @@ class FaultToleranceSpec(Spec):
 
     failure_rate_per_node_day: float = Field(ge=0, description="r_f, failures per node per day")
     recovery_time_s: float | None = Field(default=None, ge=0, description="u_b, mean time to recover one failure")
-    recovery_mix: dict[Literal["process", "pod", "job"], float] | None = Field(
+    recovery_mix: dict[Literal["process", "pod", "job"], Probability] | None = Field(
         default=None, description="eq. 41 probabilities; MoFa: 3:6:1"
     )
-    recovery_times_s: dict[Literal["process", "pod", "job"], float] = {"process": 141.0, "pod": 262.0, "job": 307.0}
+    recovery_times_s: dict[Literal["process", "pod", "job"], NonNegative] = {"process": 141.0, "pod": 262.0, "job": 307.0}
     first_init_s: float = Field(default=0.0, ge=0, description="u_0")
     checkpoint_save_s: float | None = Field(default=None, ge=0, description="T_save, blocking time per save")
     checkpoint_write_gb_per_s_per_node: float | None = Field(
         default=None, gt=0, description="derive T_save from the checkpoint size instead"
     )
-    checkpoint_interval: int | Literal["optimal"] = "optimal"
-
-    @field_validator("checkpoint_interval")
-    @classmethod
-    def _positive(cls, v):
-        if isinstance(v, int) and v <= 0:
-            raise ValueError("checkpoint_interval must be a positive number of steps or 'optimal'")
-        return v
+    checkpoint_interval: Annotated[Count, Field(gt=0)] | Literal["optimal"] = Field(
+        default="optimal", description="steps between checkpoints, or 'optimal' (eq. 44)"
+    )
 
     @model_validator(mode="after")
     def _complete(self):
@@ -474,7 +482,7 @@ class FaultToleranceSpec(Spec):
         return sum(p * self.recovery_times_s[k] for k, p in self.recovery_mix.items())
 
 
-IntChoices = list[int] | None
+IntChoices = list[Count] | None
 
 
 def _positive_sorted(v):
@@ -526,7 +534,7 @@ class SearchSpec(Spec):
     )
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
     objective: Literal["step", "e2e"] = "step"
-    max_interval: int = Field(default=100000, gt=0)
+    max_interval: Count = Field(default=100000, gt=0)
 
     @field_validator("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "pp_group", "cp_a2a", "dp_shard", "recompute_block_layers")
     @classmethod
@@ -546,23 +554,23 @@ class SearchSpec(Spec):
 class ConfigSpec(Spec):
     """One fixed configuration (a column of MoFa Table 5)."""
 
-    tp: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    vp: int = Field(default=1, gt=0, description="virtual pipeline stages per rank (interleaving)")
-    ep: int = Field(default=1, gt=0)
-    etp: int | None = Field(default=None, gt=0, description="expert tensor parallelism; default = tp")
-    mbs: int = Field(default=1, gt=0)
-    dp: int | None = Field(default=None, gt=0, description="derived from the world size; checked if given")
+    tp: Count = Field(default=1, gt=0)
+    cp: Count = Field(default=1, gt=0)
+    pp: Count = Field(default=1, gt=0)
+    vp: Count = Field(default=1, gt=0, description="virtual pipeline stages per rank (interleaving)")
+    ep: Count = Field(default=1, gt=0)
+    etp: Count | None = Field(default=None, gt=0, description="expert tensor parallelism; default = tp")
+    mbs: Count = Field(default=1, gt=0)
+    dp: Count | None = Field(default=None, gt=0, description="derived from the world size; checked if given")
     layer_split: SplitMode | Literal["auto"] = "auto"
-    first_stage_layers: int | None = Field(default=None, gt=0, description="Megatron --decoder-first-pipeline-num-layers")
-    last_stage_layers: int | None = Field(default=None, gt=0, description="Megatron --decoder-last-pipeline-num-layers")
+    first_stage_layers: Count | None = Field(default=None, gt=0, description="Megatron --decoder-first-pipeline-num-layers")
+    last_stage_layers: Count | None = Field(default=None, gt=0, description="Megatron --decoder-last-pipeline-num-layers")
     pp_schedule: PPSchedule | None = Field(default=None, description="default: 1f1b, or interleaved_1f1b when vp > 1")
-    pp_group: int | None = Field(
+    pp_group: Count | None = Field(
         default=None, gt=0, description="flexible schedule: consecutive micro-batches per round, nc (Llama 3 section 3.1.1)"
     )
     cp_comm: CPComm = Field(default="p2p", description="Megatron --cp-comm-type")
-    cp_a2a: int | None = Field(
+    cp_a2a: Count | None = Field(
         default=None, gt=1, description="a2a+p2p: all-to-all degree inside CP (Megatron --hierarchical-context-parallel-sizes)"
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(
@@ -571,14 +579,14 @@ class ConfigSpec(Spec):
     reshard_after_forward: bool | None = Field(
         default=None, description="ZeRO-3: free gathered parameters after the forward; default true (FSDP's default)"
     )
-    dp_shard: int | None = Field(
+    dp_shard: Count | None = Field(
         default=None, gt=0, description="hybrid sharding (HSDP): ranks in a sharding group; default the whole dp*cp group"
     )
     recompute: RecomputeMode = "none"
     recompute_method: Literal["uniform", "block"] = Field(
         default="uniform", description="full recompute: Megatron --recompute-method"
     )
-    recompute_num_layers: int | None = Field(
+    recompute_num_layers: Count | None = Field(
         default=None,
         gt=0,
         description="full recompute: uniform = layers per checkpointed group (default 1); block = layers recomputed "
@@ -597,8 +605,8 @@ class ConfigSpec(Spec):
         default=False,
         description="true or 'layer': MoFa's whole-layer offload (eqs. 33-35); a list: Megatron's fine-grained offload of these modules",
     )
-    checkpoint_interval: int | Literal["optimal"] | None = Field(
-        default=None, description="None: the fault_tolerance section's"
+    checkpoint_interval: Annotated[int, Field(gt=0)] | Literal["optimal"] | None = Field(
+        default=None, description="steps between checkpoints; None: the fault_tolerance section's"
     )
 
     @model_validator(mode="before")
@@ -646,10 +654,6 @@ class ConfigSpec(Spec):
 # --------------------------------------------------------------------------------------
 # The problem
 # --------------------------------------------------------------------------------------
-class HFConfigRef(Spec):
-    hf_config: str
-
-
 class Problem(Spec):
     name: str = ""
     description: str = ""
@@ -662,20 +666,6 @@ class Problem(Spec):
     search: SearchSpec = SearchSpec()
     config: ConfigSpec | None = None
 
-    @field_validator("model", mode="before")
-    @classmethod
-    def _resolve_model(cls, v, info):
-        from costmodel.presets import resolve_model
-
-        return resolve_model(v, (info.context or {}).get("base_dir"))
-
-    @field_validator("hardware", mode="before")
-    @classmethod
-    def _resolve_hardware(cls, v):
-        from costmodel.presets import resolve_hardware
-
-        return resolve_hardware(v)
-
     @model_validator(mode="after")
     def _compute_dtype_has_a_peak(self):
         dtype = self.training.dtypes.compute
@@ -683,5 +673,3 @@ class Problem(Spec):
             raise ValueError(f"training.dtypes.compute: {self.hardware.name} has no peak for {dtype} (it lists {', '.join(self.hardware.peak_tflops)})")
         return self
 
-
-ModelRef = Union[str, ModelSpec, HFConfigRef]

@@ -14,3 +14,10 @@ SECONDS_PER_DAY = 86400.0
 
 #: bytes per element of the data types a problem file may name
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def optimizer_state_bytes(d_para: int, d_opt: int) -> int:
+    """Bytes of Adam state per parameter (MoFa eq. 4's optimizer term as Megatron keeps it):
+    the two moments in D_opt, plus a D_opt master copy of the weights when the weights are
+    narrower than D_opt."""
+    return (3 if d_para < d_opt else 2) * d_opt

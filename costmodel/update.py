@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import blend
-from costmodel.units import GB
+from costmodel.units import GB, optimizer_state_bytes
 
 #: Megatron's default DDP bucket (parameters): --ddp-bucket-size default max(40M, 1M * dp)
 BUCKET_PARAMS = 40e6
@@ -79,7 +79,7 @@ def hidden(comm, window, coef, on):
 def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
     """Reads: master weight (when the weights are narrower than D_opt), both moments, the
     gradient upcast to D_opt; writes: the same states and the model weight."""
-    states = (3 if d_para < d_opt else 2) * d_opt
+    states = optimizer_state_bytes(d_para, d_opt)
     return states + d_opt + states + d_para
 
 

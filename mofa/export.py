@@ -4,7 +4,7 @@ breaks a rule the framework enforces is never exported: `ExportError` says which
 
 from __future__ import annotations
 
-from costmodel.pipeline import layout_name
+from costmodel.layout import layout_name
 from costmodel.rules import config_violations
 from costmodel.specs import ConfigSpec, Problem
 

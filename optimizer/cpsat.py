@@ -177,7 +177,6 @@ def build_model(problem: Problem, tb: Tables) -> tuple[cp_model.CpModel, ModelVa
     """The lower-bounding model (module docstring), in one function: pick exactly one row;
     its peak memory within the GPU and its host memory within the GPU's share of the node;
     the objective is the row's bound."""
-    hw, cl = problem.hardware, problem.cluster
     model = cp_model.CpModel()
     choice = [model.NewBoolVar(f"row_{i}") for i in range(len(tb.objective))]
     model.AddExactlyOne(choice)

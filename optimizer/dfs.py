@@ -19,8 +19,8 @@ import numpy as np
 
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
-from costmodel.pipeline import split_layers
-from costmodel.rules import feasible
+from costmodel.layout import split_layers
+from costmodel.rules import feasible, kv_heads, kv_heads_fit, tp_domain
 from costmodel.specs import Problem
 from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, objective_values
 from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SearchSpace
@@ -36,8 +36,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
     space = SearchSpace.from_problem(problem)
     m, tr, cl = problem.model, problem.training, problem.cluster
     G, L, gbs = cl.num_gpus, m.num_layers, tr.global_batch_size
-    domain = cl.supernode if problem.search.tp_domain == "supernode" else cl.gpus_per_node
-    kv = m.kv_heads if m.mla is None else m.num_heads
+    domain, kv = tp_domain(problem), kv_heads(problem)
     interval = space.interval()
     best = TopK(top_k)
     count = {"leaves": 0, "nodes": 0}
@@ -75,7 +74,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
     try:
         for t in space.tp:  # rule 4 and the TP rules
             count["nodes"] += 1
-            if t > domain or m.num_heads % t or (kv % t and t % kv) or G % t:
+            if t > domain or m.num_heads % t or not kv_heads_fit(kv, t) or G % t:
                 continue
             for c in space.cp:
                 count["nodes"] += 1

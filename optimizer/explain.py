@@ -16,7 +16,7 @@ import numpy as np
 
 from costmodel.configs import ConfigBatch, config_label, features_label
 from costmodel.evaluate import evaluate
-from costmodel.pipeline import split_layers
+from costmodel.layout import split_layers
 from costmodel.rules import RULES, violations
 from costmodel.specs import Problem
 from costmodel.units import GB, GIB

@@ -31,8 +31,8 @@ from costmodel.configs import (
     mask_of,
     offload_code,
 )
-from costmodel.pipeline import SPLIT_MODES, split_layers
-from costmodel.rules import violations
+from costmodel.layout import SPLIT_MODES, split_layers
+from costmodel.rules import tp_domain, violations
 from costmodel.specs import FEATURES, Problem
 
 SKELETON_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "first_layers", "last_layers", "pp_schedule", "pp_group", "cp_comm", "cp_a2a", "dp_shard")
@@ -136,8 +136,7 @@ class SearchSpace:
     def from_problem(cls, problem: Problem) -> "SearchSpace":
         s, m, cl, tr, f = problem.search, problem.model, problem.cluster, problem.training, problem.features
         G = cl.num_gpus
-        domain = cl.supernode if s.tp_domain == "supernode" else cl.gpus_per_node
-        tp = s.tp or [t for t in _powers_of_two(domain) if m.num_heads % t == 0 and G % t == 0]
+        tp = s.tp or [t for t in _powers_of_two(tp_domain(problem)) if m.num_heads % t == 0 and G % t == 0]
         cp = s.cp or [c for c in _powers_of_two(64) if tr.seq_len % (2 * c) == 0 and tr.seq_len // c >= MIN_TOKENS_PER_CP_RANK and G % c == 0] or [1]
         pp = s.pp or _divisors(G, m.num_layers)
         vp = s.vp or list(range(1, min(MAX_VP, m.num_layers) + 1))
@@ -246,7 +245,7 @@ class SearchSpace:
         the rules always reject whatever the skeleton (offload with recompute, modules the
         model lacks; the rules still run on every result)."""
         pr = self.problem
-        s, f, m = pr.search, pr.features, pr.model
+        s, f = pr.search, pr.features
         recompute = []  # (mode, method, layers, modules)
         for mode in self.recompute:
             if mode == RECOMPUTE_CODES["none"]:

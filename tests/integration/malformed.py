@@ -24,7 +24,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union, get_args, get_origin
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -112,6 +112,15 @@ def _bounded(info) -> bool:
     return any(hasattr(m, "gt") or hasattr(m, "ge") for m in info.metadata)
 
 
+def _unwrap(annotation):
+    """(the plain type, whether an Annotated wrapper gives it a lower bound)."""
+    if get_origin(annotation) is Annotated:
+        plain, *meta = get_args(annotation)
+        bound = any(hasattr(m, "gt") or hasattr(m, "ge") for item in meta for m in getattr(item, "metadata", [item]))
+        return plain, bound
+    return annotation, False
+
+
 def _fields_of(model: type[BaseModel], prefix: tuple, present: dict | None) -> list[Field]:
     """Scalar fields of a section, recursing into sub-sections that are present (a missing
     sub-section would fail on its other required fields, not on the mutated one)."""
@@ -122,7 +131,10 @@ def _fields_of(model: type[BaseModel], prefix: tuple, present: dict | None) -> l
         path = prefix + (name,)
         options, nullable = _strip_optional(info.annotation)
         kinds = []
+        annotated_bound = False
         for option in options:
+            option, bound = _unwrap(option)
+            annotated_bound |= bound
             origin = get_origin(option)
             if option is bool:
                 kinds.append("bool")
@@ -140,11 +152,13 @@ def _fields_of(model: type[BaseModel], prefix: tuple, present: dict | None) -> l
             elif origin is dict:
                 key_type, value_type = get_args(option)
                 keys = list(((present or {}).get(name) or {}).keys()) or (list(get_args(key_type)) if get_origin(key_type) is Literal else [])
+                value_type, value_bound = _unwrap(value_type)
                 if value_type is float:
-                    out += [Field(path + (k,), "float", False, False, False) for k in keys]
+                    out += [Field(path + (k,), "float", value_bound, False, False) for k in keys]
                 kinds.append("dict")
             elif origin is list:
                 (item,) = get_args(option)
+                item, _ = _unwrap(item)
                 if item is int:
                     kinds.append("intlist")
                 elif get_origin(item) is Literal:
@@ -161,7 +175,7 @@ def _fields_of(model: type[BaseModel], prefix: tuple, present: dict | None) -> l
         else:
             continue
         default_empty = isinstance(info.default, list) and not info.default
-        bounded = _bounded(info) or path in POSITIVE_LISTS
+        bounded = _bounded(info) or annotated_bound or path in POSITIVE_LISTS
         out.append(Field(path, kind, bounded, nullable, info.is_required(), choices, default_empty))
     return out
 
@@ -508,7 +522,9 @@ CLEAN = (
     "binary", "invalid_utf8", "control_character", "truncated", "alias_bomb", "deep_nesting", "garbage_text",
 )
 #: mutation classes costmodel/specs.py accepts today (schema strictness)
-STRICTNESS = ("bool_for_number", "numeric_string", "negative_unbounded", "zero_unbounded", "huge_number", "empty_list", "probability_out_of_range")
+STRICTNESS = ("bool_for_number", "numeric_string", "huge_number", "empty_list", "probability_out_of_range")
+#: classes with nothing left to mutate once the schema bounds every number (a test says so)
+UNBOUNDED = ("negative_unbounded", "zero_unbounded")
 
 
 # --------------------------------------------------------------------------------------

@@ -64,20 +64,23 @@ def test_at_least_1000_malformed_problems_ran():
     assert sum(RAN[k] for k in malformed.CLEAN) >= 1000, dict(RAN)
 
 
-SCHEMA = "schema strictness: specs.py refactor in progress"
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.xfail(strict=False, reason=SCHEMA)) for k in malformed.STRICTNESS])
+@pytest.mark.parametrize("kind", malformed.STRICTNESS)
 @settings(max_examples=100, phases=[Phase.explicit, Phase.generate], **COMMON)
 @given(data=st.data())
 def test_schema_strictness(kind, data, workdir):
-    """Accepted today by costmodel/specs.py: a bool for a number (True taken as 1), a
-    numeric string for a number ("8"), zero or negative values where the schema has no bound
-    (peak TFLOP/s, comm efficiencies, recovery times, config.checkpoint_interval), huge
-    values that end in a traceback, a warning or the wrong field blamed, empty lists
-    (features.recompute, search.layer_split) and recovery_mix "probabilities" that sum to 1
-    but are not (1.5, -0.5, 0). Drop the xfail once the schema is strict."""
+    """What a lax schema accepted: a bool for a number (True taken as 1), a numeric string
+    for a number ("8"), huge values that ended in a traceback, a warning or the wrong field
+    blamed, empty lists (features.recompute, search.layer_split) and recovery_mix
+    "probabilities" that sum to 1 but are not (1.5, -0.5, 0): all clean errors now."""
     check(kind, data, workdir)
+
+
+def test_every_number_in_the_schema_has_a_lower_bound():
+    """Zero or negative values cannot pass unnoticed (negative peak TFLOP/s once gave an
+    'optimal' solve with negative MFU): every numeric field of every shipped problem's sections
+    has a lower bound, so the negative/zero mutation classes have nothing left to target."""
+    unbounded = sorted({f.path for base in BASES for f in malformed.fields_of(base) if f.kind in ("int", "float") and not f.bounded})
+    assert unbounded == [], unbounded
 
 
 # --------------------------------------------------------------------------------------
