@@ -202,6 +202,13 @@ class Derived:
         self.shard = np.where(cfg.dp_shard > 0, cfg.dp_shard, self.dp_cp)
         self.replicas = self.dp_cp / self.shard
         self.eshard = self.edp
+        # what the batch holds at all: the model skips the arithmetic of absent features
+        self.any_full_recompute = bool(self.full_recompute.any())
+        self.any_block_recompute = bool(self.block_recompute.any())
+        self.any_offload = bool((cfg.activation_offload != 0).any())
+        self.any_zero2 = bool(self.shard_grads.any())
+        self.any_zero3 = bool(self.shard_params.any())
+        self.any_dualpipev = bool((cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]).any())
 
 
 def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:

@@ -235,8 +235,9 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
 
     ranks = rank_classes(m.num_layers, m.num_dense_layers, cfg)
     micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
-    windows = grad_windows(cfg, micro)
+    windows = grad_windows(cfg, micro) if x.any_zero2 else None
     params = [rank_params(rank, lc, m.tied_embeddings) for rank in ranks]
+    zero = np.zeros(len(cfg))
 
     parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload")}
     fwd, bwd, wgrad = [], [], []
@@ -246,41 +247,48 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
             return value if lc.moe is None else value + rank.moe * getattr(lc.moe, name)
 
         layers = np.maximum(rank.layers, 1.0)
+        layer_forward = both("forward")
         compute = both("compute")
-        f = both("forward")
+        f = layer_forward
         if rank.first:
             compute = compute + lc.embedding_f + lc.embedding_b
             f = f + lc.embedding_f
         # full recompute re-runs the forward of every layer (uniform) or of the first N layers
         # of each virtual stage (block); selective re-runs the chosen modules of every layer
-        covered = blend(x.block_recompute, np.minimum(cfg.recompute_layers * v, layers) / layers, 1.0)
-        recompute = blend(x.full_recompute, covered * both("forward"), both("recompute"))
+        recompute = both("recompute")
+        if x.any_full_recompute:
+            covered = blend(x.block_recompute, np.minimum(cfg.recompute_layers * v, layers) / layers, 1.0) if x.any_block_recompute else 1.0
+            recompute = blend(x.full_recompute, covered * layer_forward, recompute)
         parts["compute"].append(compute + rank.last * lc.head_compute)
         parts["recompute"].append(recompute)
         parts["tp"].append(both("tp") + rank.last * lc.head_tp)
         parts["cp"].append(both("cp"))
         parts["ep"].append(both("ep"))
-        parts["offload"].append(both("offload"))
+        parts["offload"].append(both("offload") if x.any_offload else zero)
         f = f + rank.last * lc.head_forward
 
         # ZeRO-2/3 traffic inside the pipeline, per step, spread over the micro-batches
-        dense_p, expert_p = params[k]
-        per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
-        stage_gap = micro * per_mb / np.maximum(windows * v, 1.0)  # compute between two windows of a stage
-        win = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
-        moe_dense = 0.0 if lc.moe is None else rank.moe * (lc.moe.params - lc.moe.expert_params)
-        dense_per_layer = (rank.dense * lc.dense.params + moe_dense) / layers
-        expert_per_layer = (0.0 if lc.moe is None else rank.moe * lc.moe.expert_params) / layers
-        edge_params = rank.first * lc.embedding_params + rank.last * lc.head_params
-        freed = cfg.reshard_after_forward == 1
-        gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
-        gathers_b = np.where(freed, micro, 0.0)
-        f_layer = both("forward") / layers
-        z3 = zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, 2.0 * f_layer, moe)
-        parts["fsdp"].append((win + z3) / micro)
+        fsdp = zero
+        if x.any_zero2:
+            dense_p, expert_p = params[k]
+            per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
+            stage_gap = micro * per_mb / np.maximum(windows * v, 1.0)  # compute between two windows of a stage
+            fsdp = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
+            if x.any_zero3:
+                moe_dense = 0.0 if lc.moe is None else rank.moe * (lc.moe.params - lc.moe.expert_params)
+                dense_per_layer = (rank.dense * lc.dense.params + moe_dense) / layers
+                expert_per_layer = (0.0 if lc.moe is None else rank.moe * lc.moe.expert_params) / layers
+                edge_params = rank.first * lc.embedding_params + rank.last * lc.head_params
+                freed = cfg.reshard_after_forward == 1
+                gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
+                gathers_b = np.where(freed, micro, 0.0)
+                f_layer = layer_forward / layers
+                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, 2.0 * f_layer, moe)
+            fsdp = fsdp / micro
+        parts["fsdp"].append(fsdp)
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
-        wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad)
+        wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad if x.any_dualpipev else zero)
 
     per_rank = [fwd[k] + bwd[k] for k in range(3)]
     hop = net.p2p_hop(lc.hop_bytes, groups.pp)
@@ -310,7 +318,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     update = pick3(slowest, *opt_update)
 
     step = pipe.total + dp_exposed + update
-    breakdown = {key: micro * pick3(pipe.bottleneck, *parts[key]) for key in parts}
+    breakdown = {key: zero if all(v is zero for v in parts[key]) else micro * pick3(pipe.bottleneck, *parts[key]) for key in parts}
     breakdown["pp"] = pipe.pp_exposed
     breakdown["bubble"] = pipe.bubble
     breakdown["dp"] = dp_exposed

@@ -72,8 +72,3 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
     stage = np.maximum(np.floor(m.num_layers / np.maximum(cfg.pp * cfg.vp, 1.0)), 1.0)
     covered = np.where(cfg.recompute_method == 1, np.minimum(cfg.recompute_layers, stage) / stage, 1.0)
     return np.select([cfg.recompute == 1, cfg.recompute == 2], [selective, covered * full], 0.0)
-
-
-def palm_flops_per_token(m: ModelSpec, seq_len: int, num_params: float) -> float:
-    """PaLM Appendix B: 6N + 12*L*H*Q*T (N all parameters)."""
-    return 6.0 * num_params + 12.0 * m.num_layers * m.num_heads * m.dim_per_head * seq_len

@@ -124,20 +124,27 @@ def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cf
         value = (rank.dense > 0) * getattr(dense, name)
         return value if moe is None else np.maximum(value, (rank.moe > 0) * getattr(moe, name))
 
-    chunk_layers = np.maximum(rank.layers / v, 1.0)
     kept = per_chunk("activation")
+    resident = in_flight * kept
+    zero = 0.0 * kept
+    if not (x.any_full_recompute or x.any_offload):  # nothing else to count in this batch
+        return resident + rank.last * lc.head_saved, zero
+    chunk_layers = np.maximum(rank.layers / v, 1.0)
     inputs = per_chunk("input_bytes")
     full_set = largest("saved_full")
-    # full recompute: uniform keeps one input per group of N layers; block recomputes the first
-    # N layers of each virtual stage and keeps everything of the others
-    n = np.maximum(cfg.recompute_layers, 1.0)
-    uniform = np.ceil(chunk_layers / n) / chunk_layers * inputs
-    covered = np.minimum(n, chunk_layers) / chunk_layers
-    block = covered * inputs + (1.0 - covered) * kept
-    working = blend(x.block_recompute, full_set, np.minimum(n, chunk_layers) * full_set)
-    recomputed = blend(x.block_recompute, block, uniform)
-    resident = in_flight * blend(x.full_recompute, recomputed, kept) + x.full_recompute * working
-
+    if x.any_full_recompute:
+        # full recompute: uniform keeps one input per group of N layers; block recomputes the
+        # first N layers of each virtual stage and keeps everything of the others
+        n = np.maximum(cfg.recompute_layers, 1.0)
+        uniform = np.ceil(chunk_layers / n) / chunk_layers * inputs
+        recomputed, working = uniform, np.minimum(n, chunk_layers) * full_set
+        if x.any_block_recompute:
+            covered = np.minimum(n, chunk_layers) / chunk_layers
+            recomputed = blend(x.block_recompute, covered * inputs + (1.0 - covered) * kept, uniform)
+            working = blend(x.block_recompute, full_set, working)
+        resident = in_flight * blend(x.full_recompute, recomputed, kept) + x.full_recompute * working
+    if not x.any_offload:
+        return resident + rank.last * lc.head_saved, zero
     offloaded = per_chunk("offloaded")
     modules = (cfg.activation_offload > 0) & (cfg.activation_offload != OFFLOAD_LAYER)
     # MoFa's whole-layer offload: two layers' sets and the input of every in-flight chunk
@@ -155,12 +162,15 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     sharded = dense_params / x.shard + expert_params / x.eshard  # this rank's share of the stage's parameters
 
     # --- parameters and ZeRO-3's gathered copies -----------------------------------------
-    kept_params = blend(x.shard_params, sharded, params)
-    layer_params = np.maximum((rank.dense > 0) * lc.dense.params, 0.0 if lc.moe is None else (rank.moe > 0) * lc.moe.params)
-    edge = np.maximum(lc.embedding_params * rank.first, rank.last * lc.head_params)
-    prefetch = 2.0 * np.maximum(layer_params, edge)  # the layer running and the next one
-    unfreed = params - sharded  # every layer stays gathered from its forward to its backward
-    gathered = x.shard_params * blend(cfg.reshard_after_forward, prefetch, unfreed)
+    kept_params, gathered, grads = params, 0.0 * params, params
+    layer_params = None
+    if x.any_zero3:
+        kept_params = blend(x.shard_params, sharded, params)
+        layer_params = np.maximum((rank.dense > 0) * lc.dense.params, 0.0 if lc.moe is None else (rank.moe > 0) * lc.moe.params)
+        edge = np.maximum(lc.embedding_params * rank.first, rank.last * lc.head_params)
+        prefetch = 2.0 * np.maximum(layer_params, edge)  # the layer running and the next one
+        unfreed = params - sharded  # every layer stays gathered from its forward to its backward
+        gathered = x.shard_params * blend(cfg.reshard_after_forward, prefetch, unfreed)
 
     # --- gradients ---------------------------------------------------------------------------
     # the unsharded window at the activation peak: without pipelining the reduce buckets (two
@@ -168,14 +178,17 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     # all-forward-all-backward peaks as the first stage's backward starts (one stage's
     # gradients); the other schedules hold their peak through the steady state, where one
     # stage accumulates while the previous one's reduce-scatter drains (two stages)
-    vee = cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]
-    spans_step = (cfg.pp > 1) & (cfg.vp == 1) & ~vee
-    stages_alive = np.where(cfg.pp_schedule == PP_SCHEDULE_CODES["afab"], 1.0, 2.0)
-    window = np.where(cfg.pp == 1, np.minimum(2.0 * layer_params, params), np.where(spans_step, params, np.minimum(stages_alive / cfg.vp, 1.0) * params))
-    grads = blend(x.shard_grads, sharded + window, params)
+    if x.any_zero2:
+        if layer_params is None:
+            layer_params = np.maximum((rank.dense > 0) * lc.dense.params, 0.0 if lc.moe is None else (rank.moe > 0) * lc.moe.params)
+        vee = cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]
+        spans_step = (cfg.pp > 1) & (cfg.vp == 1) & ~vee
+        stages_alive = np.where(cfg.pp_schedule == PP_SCHEDULE_CODES["afab"], 1.0, 2.0)
+        window = np.where(cfg.pp == 1, np.minimum(2.0 * layer_params, params), np.where(spans_step, params, np.minimum(stages_alive / cfg.vp, 1.0) * params))
+        grads = blend(x.shard_grads, sharded + window, params)
 
     # --- optimizer states (eqs. 4, 25, 27) and the step's transient copy ----------------------
-    opt_params = blend(x.shard_states, sharded, params)
+    opt_params = blend(x.shard_states, sharded, params)  # ZeRO-1 and up
     if mc.mofa_eq4:  # MoFa eq. 4 taken literally: four D_opt copies for the whole run
         states, transient = 4 * mc.d_opt * opt_params, 0.0 * opt_params
     else:

@@ -117,6 +117,8 @@ def in_flight(rank, cfg: ConfigBatch, microbatches) -> np.ndarray:
     capped at m*vp."""
     p, v, s = cfg.pp, cfg.vp, cfg.pp_schedule
     r = rank
+    if not (s > SCHEDULE["interleaved_1f1b"]).any():  # Megatron's two schedules only: by vp
+        return np.minimum(blend(v > 1, v * p + p - 2 * r - 1, p - r), microbatches * v)
     nc = group_size(cfg)
     count = np.select(
         [s == SCHEDULE["1f1b"], s == SCHEDULE["interleaved_1f1b"], s == SCHEDULE["flexible"], s == SCHEDULE["afab"]],
@@ -148,6 +150,8 @@ def p2p_slack(cfg: ConfigBatch, microbatches) -> np.ndarray:
     P2P: one neighbouring chunk (Megatron's --overlap-p2p-communication), plus the extra
     micro-batches of a round beyond pp (Llama 3 Figure 3); afab has every micro-batch queued."""
     s = cfg.pp_schedule
+    if not ((s == SCHEDULE["flexible"]) | (s == SCHEDULE["afab"])).any():
+        return 1.0
     extra = np.where(s == SCHEDULE["flexible"], np.maximum(group_size(cfg) - cfg.pp, 0.0), 0.0)
     return np.where(s == SCHEDULE["afab"], microbatches * cfg.vp, 1.0 + extra)
 
@@ -178,8 +182,9 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     total_work = blend(p == 1, r0, r0 + r2 + np.maximum(p - 2, 0) * r1)
     steady = microbatches * r_max
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
-    dualpipe_bubble = (p - 1) * np.maximum(chunk_f + 2.0 * chunk_b - 3.0 * chunk_w, 0.0)
-    bubble = np.where(vee, dualpipe_bubble, (total_work - r_max) / v)
+    bubble = (total_work - r_max) / v
+    if vee.any():
+        bubble = np.where(vee, (p - 1) * np.maximum(chunk_f + 2.0 * chunk_b - 3.0 * chunk_w, 0.0), bubble)
 
     no_overlap = (p > 1) * (2 * microbatches * v + 2 * (p - 1)) * hop
     c = pp_overlap_coef
