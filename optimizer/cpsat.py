@@ -264,7 +264,9 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
             threshold = best.threshold
             if math.isfinite(threshold) and tb.objective[order[start]] > math.floor(threshold * tb.G / TICK_S):
                 break
-            if time_limit_s is not None and clock.elapsed > time_limit_s:
+            if time_limit_s is not None and clock.elapsed > time_limit_s and evaluated:
+                # out of time, but never without an answer: the rows with the least bounds
+                # are scored even when the tables alone used up the limit
                 complete = False
                 break
             score(order[start:start + block].tolist())
