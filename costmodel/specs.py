@@ -93,6 +93,11 @@ class ModelSpec(Spec):
     linear_bias: bool = Field(default=False, description="biases on the linear layers (GPT-3, BLOOM); not counted in parameters")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
+    mtp_layers: Count = Field(
+        default=0, ge=0,
+        description="multi-token prediction modules (DeepSeek-V3: 1); exported to launch configs, not costed by the model",
+    )
+    qk_layernorm: bool = Field(default=False, description="normalisation of queries and keys (Qwen3); exported to launch configs")
 
     @model_validator(mode="after")
     def _consistency(self):
