@@ -68,6 +68,7 @@ class PointResult:
     fitted: bool
     loo_predicted_step_s: float | None = None
     fits: bool = True
+    source: str = ""
 
     @property
     def error_pct(self) -> float:
@@ -135,12 +136,22 @@ class Calibration:
         return self.hardware.efficiency.calibration
 
 
-def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: bool = True, rounds: int = 3) -> Calibration:
+def source_of(point: Point) -> str:
+    """The group a point is held out with under source cross-validation: its publication."""
+    return point.measured.source
+
+
+def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: bool = True, rounds: int = 3,
+              cross_validate: str = "point") -> Calibration:
     """Fit `knobs` on the points (all on one GPU). Each point keeps its own hardware; the knobs
-    are applied on top of it."""
+    are applied on top of it. Cross-validation refits without each held-out group and predicts
+    it: `point` (leave one out) or `source` (leave one source out: every point of a
+    publication held out at once, the test that says how the model does on runs it never saw)."""
     names = {p.hardware for p in points}
     if len(names) != 1:
         raise ValueError(f"calibrate one GPU at a time (got {', '.join(sorted(names))})")
+    if cross_validate not in ("point", "source"):
+        raise ValueError(f"unknown cross-validation '{cross_validate}' (point or source)")
     fit_points = [p for p in points if p.measured.fit]
     if len(fit_points) <= len(knobs):
         raise ValueError(f"{len(fit_points)} fitted points cannot determine {len(knobs)} parameters; give more points or fewer knobs")
@@ -163,14 +174,23 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: 
     results = []
     for p in points:
         pred, fits = predict(p, apply(starts[p.name], values), configs)
-        results.append(PointResult(p.name, p.hardware, p.step_time_s(), pred, picks[p.name], p.measured.fit, fits=fits))
+        results.append(PointResult(p.name, p.hardware, p.step_time_s(), pred, picks[p.name], p.measured.fit, fits=fits, source=source_of(p)))
     if loo:
-        for i, p in enumerate(fit_points):
-            others = fit_points[:i] + fit_points[i + 1:]
-            trial = apply(starts[p.name], dict(zip(knobs, _fit(others, starts, knobs, configs, x))))
-            cfg_i, _ = resolve(p, trial)
-            pred_i, _ = predict(p, trial, {p.name: cfg_i})
-            next(r for r in results if r.name == p.name).loo_predicted_step_s = pred_i
+        key = (lambda p: p.name) if cross_validate == "point" else source_of
+        groups: dict[str, list[Point]] = {}
+        for p in fit_points:
+            groups.setdefault(key(p), []).append(p)
+        for held in groups.values():
+            names_out = {p.name for p in held}
+            others = [p for p in fit_points if p.name not in names_out]
+            if len(others) <= len(knobs):
+                continue  # too few points left to fit: no out-of-sample prediction for this group
+            x_cv = _fit(others, starts, knobs, configs, x)
+            for p in held:
+                trial = apply(starts[p.name], dict(zip(knobs, x_cv)))
+                cfg_i, _ = resolve(p, trial)
+                pred_i, _ = predict(p, trial, {p.name: cfg_i})
+                next(r for r in results if r.name == p.name).loo_predicted_step_s = pred_i
 
     fitted = [r for r in results if r.fitted]
     logs = np.array([math.log(r.predicted_step_s / r.measured_step_s) for r in fitted])
@@ -180,10 +200,27 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: 
         points=len(fitted),
         log_residual_sd=float(np.sqrt(np.mean(spread**2))),
         mape_pct=float(np.mean([abs(r.error_pct) for r in fitted])),
-        loo_mape_pct=float(np.mean([abs(r.loo_error_pct) for r in fitted])) if loo_logs else None,
+        loo_mape_pct=float(np.mean([abs(r.loo_error_pct) for r in fitted if r.loo_error_pct is not None])) if loo_logs else None,
         max_abs_error_pct=float(max(abs(r.error_pct) for r in fitted)),
         data=[r.name for r in fitted],
+        cross_validation=cross_validate if loo_logs else None,
     )
     base = apply(starts[fit_points[0].name], values)
     efficiency = base.efficiency.model_copy(update={"calibration": stats, "source": f"calibrated on {len(fitted)} public measured runs (problems/validation): {', '.join(stats.data)}"})
     return Calibration(base.model_copy(update={"efficiency": efficiency}), {k: float(v) for k, v in values.items()}, results)
+
+
+def cross_validation_summary(results: list[PointResult], log_residual_sd: float) -> dict:
+    """Out-of-sample figures of a calibration (issue 9's JSON key `cross_validation`): per GPU
+    and per source the MAPE, worst error and count of the held-out predictions, and the share of
+    points inside their 90% interval (prediction x exp(+-1.645 sd))."""
+    held = [r for r in results if r.fitted and r.loo_predicted_step_s]
+
+    def stats(rows):
+        errors = [abs(r.loo_error_pct) for r in rows]
+        return {"mape_pct": float(np.mean(errors)), "max_abs_error_pct": float(max(errors)), "n": len(rows)}
+
+    spread = math.exp(1.645 * log_residual_sd)
+    inside = [r.loo_predicted_step_s / spread <= r.measured_step_s <= r.loo_predicted_step_s * spread for r in held]
+    by = lambda attr: {k: stats([r for r in held if getattr(r, attr) == k]) for k in sorted({getattr(r, attr) for r in held})}
+    return {"per_gpu": by("hardware"), "per_source": by("source"), "interval_coverage": float(np.mean(inside)) if inside else None}

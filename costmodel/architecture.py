@@ -119,6 +119,11 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "expert_output": SavedTag(None, ("moe",)),
     "shared_fc1_out": SavedTag(None, ("shared_experts", "moe")),
     "shared_act_out": SavedTag(None, ("shared_experts", "moe")),
+    # Gated DeltaNet
+    "conv_input": SavedTag("core_attn"),
+    "gdn_gates": SavedTag("core_attn"),
+    "gdn_core_out": SavedTag("attn_proj"),
+    "gdn_z": SavedTag("attn_proj"),
 }
 
 
@@ -137,6 +142,7 @@ class LayerWork:
     saved: dict[str, np.ndarray]  # tensor name -> bytes kept for backward (tags: SAVED_TAGS)
     params_local: np.ndarray  # parameters this GPU holds for the layer
     expert_params_local: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    attention_class: str = "attention"  # the operator class of its attention core (efficiency curve)
 
     @property
     def saved_bytes(self) -> np.ndarray:
@@ -171,10 +177,24 @@ def attention_dims(m: ModelSpec) -> tuple[int, int, int, int]:
     return m.num_heads, m.kv_heads, m.dim_per_head, m.dim_per_head
 
 
-def attention_params(m: ModelSpec) -> tuple[int, int]:
+def linear_attention_dims(m: ModelSpec) -> tuple[int, int, int]:
+    """Gated DeltaNet: (q and k width, v width, value heads) over all heads."""
+    g = m.linear_attention
+    return g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim, g.num_value_heads
+
+
+def attention_params(m: ModelSpec, attention: str = "full_attention") -> tuple[int, int]:
     """(parameters split over TP, parameters replicated over TP) of one attention block,
-    excluding norms."""
+    excluding the layer's two norms."""
     h = m.hidden_size
+    if attention == "linear_attention":
+        qk, v, heads = linear_attention_dims(m)
+        g = m.linear_attention
+        # in_proj_qkvz, in_proj_ba, the depthwise conv on q, k, v, out_proj; A_log, dt_bias, the
+        # output norm's weight replicated
+        split = h * (2 * qk + 2 * v) + h * 2 * heads + (2 * qk + v) * g.conv_kernel + v * h
+        return split, 2 * heads + g.value_head_dim
+    qk_norm = 2 * attention_dims(m)[2] if m.qk_layernorm else 0
     if m.mla is not None:
         a = m.num_heads
         mla = m.mla
@@ -187,9 +207,9 @@ def attention_params(m: ModelSpec) -> tuple[int, int]:
         kv_down = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank  # + kv_a_layernorm
         kv_up = mla.kv_lora_rank * a * (mla.qk_nope_head_dim + mla.v_head_dim)
         out = a * mla.v_head_dim * h
-        return q_up + kv_up + out, q_down + kv_down
+        return q_up + kv_up + out, q_down + kv_down + qk_norm
     a, kv, d, _ = attention_dims(m)
-    return h * a * d + 2 * h * kv * d + a * d * h, 0
+    return h * a * d + 2 * h * kv * d + a * d * h, qk_norm
 
 
 def mlp_params(m: ModelSpec, ffn: int) -> int:
@@ -197,13 +217,26 @@ def mlp_params(m: ModelSpec, ffn: int) -> int:
     return (3 if gated else 2) * m.hidden_size * ffn
 
 
-def layer_params(m: ModelSpec, moe: bool) -> int:
+Kind = tuple[str, str]  # (attention type, MLP type): ModelSpec.layer_kinds
+DENSE: Kind = ("full_attention", "dense")
+MOE: Kind = ("full_attention", "moe")
+
+
+def _kind(kind) -> Kind:
+    """A kind, or the old boolean (True: an MoE layer with full attention)."""
+    if isinstance(kind, bool):
+        return MOE if kind else DENSE
+    return kind
+
+
+def layer_params(m: ModelSpec, kind=DENSE) -> int:
     """Total parameters of one layer (unsharded): attention, MLP or experts, 2 norms."""
-    if moe and m.moe is None:
+    attention, mlp = _kind(kind)
+    if mlp == "moe" and m.moe is None:
         return 0
-    split, replicated = attention_params(m)
+    split, replicated = attention_params(m, attention)
     total = split + replicated + 2 * m.hidden_size
-    if not moe:
+    if mlp == "dense":
         return total + mlp_params(m, m.ffn_hidden_size)
     x = m.moe
     return (
@@ -214,13 +247,17 @@ def layer_params(m: ModelSpec, moe: bool) -> int:
     )
 
 
-def active_matmul_params(m: ModelSpec, moe: bool) -> int:
+def active_matmul_params(m: ModelSpec, kind=DENSE) -> int:
     """Matmul parameters one token passes through in one layer (for model FLOPs)."""
-    if moe and m.moe is None:
+    attention, mlp = _kind(kind)
+    if mlp == "moe" and m.moe is None:
         return 0
-    split, replicated = attention_params(m)
+    split, replicated = attention_params(m, attention)
     attn = split + replicated
-    if not moe:
+    if attention == "linear_attention":
+        g = m.linear_attention
+        attn -= (2 * linear_attention_dims(m)[0] + linear_attention_dims(m)[1]) * g.conv_kernel  # the conv is not a matmul
+    if mlp == "dense":
         return attn + mlp_params(m, m.ffn_hidden_size)
     x = m.moe
     return (
@@ -231,28 +268,54 @@ def active_matmul_params(m: ModelSpec, moe: bool) -> int:
     )
 
 
+def mtp_kind(m: ModelSpec) -> Kind:
+    """A multi-token-prediction module's transformer layer: like the model's last layer, with
+    full attention (DeepSeek-V3 section 2.2)."""
+    return ("full_attention", m.layer_kinds()[-1][1])
+
+
+def mtp_params(m: ModelSpec) -> int:
+    """One MTP module: its layer, the 2h -> h projection and two RMSNorms (DeepSeek-V3 2.2;
+    embedding and head are shared with the main model)."""
+    h = m.hidden_size
+    return layer_params(m, mtp_kind(m)) + 2 * h * h + 2 * h
+
+
 def total_params(m: ModelSpec) -> int:
     emb = m.vocab_size * m.hidden_size
     head = 0 if m.tied_embeddings else emb
     return (
-        m.num_dense_layers * layer_params(m, False)
-        + m.num_moe_layers * layer_params(m, True)
+        sum(layer_params(m, kind) for kind in m.layer_kinds())
+        + m.mtp_layers * mtp_params(m)
         + emb
         + head
         + m.hidden_size  # final norm
     )
 
 
-def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
+def window_share(seq_len: int, window: int | None) -> float:
+    """Share of the full s x s score matrix a causal kernel computes when each query sees at
+    most `window` keys (itself included): (s+1)/(2s) without a window."""
+    s = seq_len
+    if window is None or window >= s:
+        return (s + 1) / (2 * s)
+    w = window
+    return (w * (w + 1) / 2 + (s - w) * w) / (s * s)
+
+
+def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> dict:
     """Operators, communication and saved tensors of the attention half of a layer (and the
-    norm that follows it)."""
+    norm that follows it). Sliding-window layers compute the window's band of the score
+    matrix; everything else is the full-attention layer's."""
+    if attention == "linear_attention":
+        return linear_attention_block(m, tr, sh, D)
     h, s = m.hidden_size, tr.seq_len
     t, T, Tsp = sh.t, sh.tokens, sh.tokens_sp
     a, kv, dqk, dv = attention_dims(m)
     a_t = a / t
     kv_t = np.where(kv >= t, kv / t, 1.0)  # fewer KV heads than TP ranks: replicated
     flash = tr.attention_kernel == "flash"
-    causal = (s + 1) / (2 * s)
+    causal = window_share(s, m.sliding_window if attention == "sliding_attention" else None)
 
     gemms: list[Gemm] = []
     saved: dict[str, np.ndarray] = {"layer_input": D * Tsp * h}  # norm input (residual stream)
@@ -282,6 +345,8 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
     saved["k"] = D * T * kv_t * dqk
     saved["v"] = D * T * kv_t * dv
     ops.append(MemoryOp("rotary", 2 * D * T * (a_t + kv_t) * dqk, kernels=2.0))  # on q and k
+    if m.qk_layernorm:
+        ops.append(MemoryOp("qk_norm", 2 * D * T * (a_t + kv_t) * dqk, kernels=2.0))
 
     full_attn = 2.0 * T * s * a_t * (dqk + dv)  # QK^T and AV over the whole score matrix
     scores = T * s * a_t  # score-matrix elements this GPU holds (unfused)
@@ -305,12 +370,61 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
     saved["ln2_input"] = D * Tsp * h
     ops.append(MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)))
 
-    split, replicated = attention_params(m)
+    split, replicated = attention_params(m, attention)
     params = split / t + replicated + 2 * h
     tp = [("ag", D * T * h, first_gemm), ("rs", D * T * h, "o_proj")]
     cp_block = D * T * kv_t * (dqk + dv)  # this rank's K and V, sent around the CP ring
     cp_a2a = D * T * (a_t * (dqk + dv) + kv_t * (dqk + dv))  # Ulysses: q, k, v in and the output back
-    return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a)
+    return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a,
+                attention_class="attention")
+
+
+def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
+    """Gated DeltaNet (Yang et al. 2024; Qwen3-Next's GatedDeltaNet), heads split over TP:
+    in_proj_qkvz and in_proj_ba GEMMs, a depthwise causal conv on q, k, v, the gates, the
+    chunked delta rule, a gated RMSNorm with z, out_proj. The recurrence over chunks of C tokens
+    costs per token and value head about 2C(d_k + d_v) (the intra-chunk products) + 6 d_k d_v
+    (reading, correcting and updating the d_k x d_v state): linear in the sequence, where softmax
+    attention is quadratic. The per-chunk states are recomputed in the backward (as the
+    flash-linear-attention kernels do), so only the layer's inputs and outputs are kept."""
+    h = m.hidden_size
+    g = m.linear_attention
+    t, T, Tsp = sh.t, sh.tokens, sh.tokens_sp
+    qk, v, heads = linear_attention_dims(m)
+    qk_t, v_t, heads_t = qk / t, v / t, heads / t
+    gemms = [
+        Gemm("in_proj_qkvz", T, (2 * qk_t + 2 * v_t) + 0 * T, np.full_like(T, h)),
+        Gemm("in_proj_ba", T, 2 * heads_t + 0 * T, np.full_like(T, h)),
+        Gemm("out_proj", T, np.full_like(T, h), v_t + 0 * T),
+    ]
+    conv = 2 * qk_t + v_t
+    ops = [
+        MemoryOp("input_norm", 2 * D * Tsp * h, ("layernorm",)),
+        MemoryOp("short_conv", 2 * D * T * conv, ("core_attn",)),
+        MemoryOp("gates", 4 * 4 * T * heads_t, ("core_attn",)),
+        MemoryOp("gated_norm", 3 * D * T * v_t),
+        MemoryOp("attention_residual", 3 * D * Tsp * h),
+        MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)),
+    ]
+    saved = {
+        "layer_input": D * Tsp * h,
+        "qkv_input": D * Tsp * h,
+        "conv_input": D * T * conv,
+        "q": D * T * qk_t,
+        "k": D * T * qk_t,
+        "v": D * T * v_t,
+        "gdn_gates": 4 * T * 2 * heads_t,
+        "gdn_core_out": D * T * v_t,
+        "gdn_z": D * T * v_t,
+        "attn_out": D * T * v_t,
+        "ln2_input": D * Tsp * h,
+    }
+    core = T * heads_t * (2.0 * g.chunk_size * (g.key_head_dim + g.value_head_dim) + 6.0 * g.key_head_dim * g.value_head_dim)
+    split, replicated = attention_params(m, "linear_attention")
+    zero = 0.0 * T
+    return dict(gemms=gemms, ops=ops, attention_hw=core, saved=saved, params=split / t + replicated + 2 * h,
+                tp=[("ag", D * T * h, "in_proj_qkvz"), ("rs", D * T * h, "out_proj")], cp_block=zero, cp_a2a=zero,
+                attention_class="linear_attention")
 
 
 def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str, modules: tuple[str, ...]):
@@ -325,8 +439,14 @@ def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str, modules: tuple[st
     return gemms, saved, act
 
 
-def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
-    at = attention_block(m, tr, sh, D)
+def layer_work(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, kind: Kind) -> LayerWork:
+    """The work of a layer of this kind (attention type, MLP type)."""
+    attention, mlp = kind
+    return (moe_layer if mlp == "moe" else dense_layer)(m, tr, sh, D, attention)
+
+
+def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
+    at = attention_block(m, tr, sh, D, attention)
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
     gemms, saved_mlp, act = _mlp(m, m.ffn_hidden_size / t, T, D, "", ("mlp",))
     saved = dict(at["saved"])
@@ -350,6 +470,7 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
         saved=saved,
         params_local=at["params"] + mlp_params(m, m.ffn_hidden_size) / t,
         expert_params_local=zero,
+        attention_class=at.get("attention_class", "attention"),
     )
 
 
@@ -359,7 +480,7 @@ def routed_tokens(m: ModelSpec, tr: TrainingSpec, sh: Shard) -> np.ndarray:
     return sh.tokens_sp * m.moe.top_k * sh.etp * tr.moe_routing_imbalance
 
 
-def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
+def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
     """MoE layer as Megatron-Core runs it (alltoall dispatcher, grouped GEMM).
 
     Saved tensors match MemFine Table 2 (norm, q/k/v, o, router input and logits, permuted
@@ -367,7 +488,7 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
     one tensor MemFine's table omits: the SwiGLU output, which the expert FC2 saves as its
     input (D*s'*g_e/etp bytes) unless the activation is recomputed."""
     x = m.moe
-    at = attention_block(m, tr, sh, D)
+    at = attention_block(m, tr, sh, D, attention)
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
     E_local = x.num_experts / sh.e
     recv = routed_tokens(m, tr, sh)
@@ -419,6 +540,7 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> LayerWork:
         saved=saved,
         params_local=dense_params + expert_params,
         expert_params_local=expert_params,
+        attention_class=at.get("attention_class", "attention"),
     )
 
 

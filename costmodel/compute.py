@@ -6,6 +6,17 @@
   * 'profiled': measured (arithmetic intensity, TFLOP/s) points, interpolated in log(AI).
 Every kernel also pays `kernel_overhead_us` (launch and tail), which is what makes many
 small GEMMs (tiny experts, large TP) slower than their FLOPs suggest.
+
+Shape (issue 9): under the modified roofline a GEMM's compute ceiling is
+    peak_fraction * P_peak * wave(M, N) * K / (K + k_half)
+where wave(M, N) is the share of the SMs the output tiles keep busy over their waves
+(ceil(M/tm) * ceil(N/tn) tiles on `sm_count` SMs: the last wave runs partly idle) and the
+K-term the main loop's share of a tile's time (prologue and epilogue). The backward of a GEMM is
+a data-gradient GEMM (M x K output over N) and a weight-gradient GEMM (K x N output over the M
+tokens): each is timed at its own shape. Fused attention runs at peak_fraction * L/(L + seq_half)
+with L the query tokens of one call, its backward `attention_backward_ratio` times the
+forward. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
+attention and everything else stay in bf16 (Transformer Engine's and torchao's behaviour).
 """
 
 from __future__ import annotations
@@ -21,7 +32,9 @@ class ComputeModel:
     def __init__(self, hw: HardwareSpec, compute_dtype: str, dtype_bytes: int):
         self.hw = hw
         self.eff = hw.efficiency
-        self.peak = hw.peak(compute_dtype) * TFLOP
+        self.fp8 = compute_dtype == "fp8"
+        self.peak = hw.peak(compute_dtype) * TFLOP  # GEMMs
+        self.attention_peak = hw.peak("bf16" if self.fp8 and "bf16" in hw.peak_tflops else compute_dtype) * TFLOP
         self.hbm = hw.memory_bandwidth_gb_per_s * GB
         self.dtype_bytes = dtype_bytes
         self.overhead = self.eff.kernel_overhead_us * US
@@ -31,30 +44,60 @@ class ComputeModel:
             if pts
         }
 
-    def _achieved(self, kind: str, intensity: np.ndarray) -> np.ndarray:
+    def _achieved(self, kind: str, intensity: np.ndarray, shape=1.0) -> np.ndarray:
         """Achieved FLOP/s for an operator class at an arithmetic intensity (FLOP/byte)."""
         mode = self.eff.mode
         if mode == "profiled" and kind in self._tables:
             log_ai, flops = self._tables[kind]
             return np.interp(np.log(np.maximum(intensity, 1e-9)), log_ai, flops)
+        peak = self.attention_peak if kind in ("attention", "linear_attention") else self.peak
+        if kind in ("gemm", "grouped_gemm") and self.fp8:
+            kind = "fp8_gemm"
         curve: Curve = getattr(self.eff, kind)
         if mode == "roofline":
-            return np.minimum(intensity * self.hbm, self.peak)
-        return np.minimum(curve.bandwidth_fraction * intensity * self.hbm, curve.peak_fraction * self.peak)
+            return np.minimum(intensity * self.hbm, peak)
+        return np.minimum(curve.bandwidth_fraction * intensity * self.hbm, curve.peak_fraction * peak * shape)
+
+    def _shape(self, m, n, k) -> np.ndarray | float:
+        """wave(M, N) * K / (K + k_half) (module docstring); 1 without shape dependence."""
+        eff = self.eff
+        if eff.mode != "modified_roofline":
+            return 1.0
+        out = 1.0
+        if eff.gemm_k_half > 0:
+            out = k / (k + eff.gemm_k_half)
+        sms = self.hw.sm_count
+        if sms:
+            tm, tn = eff.gemm_tile
+            tiles = np.ceil(m / tm) * np.ceil(np.maximum(n, 1.0) / tn)
+            out = out * tiles / (np.ceil(tiles / sms) * sms)
+        return out
+
+    def gemm_time_of(self, m, n, k, kind: str = "gemm", count=1.0) -> np.ndarray:
+        """Time of `count` GEMMs with an M x N output over a reduction of K. Arithmetic
+        intensity is that of one GEMM: 2MNK / (bytes of A, B and C)."""
+        m = np.maximum(m, 1e-9)
+        one = 2.0 * m * n * k
+        moved = self.dtype_bytes * (m * k + k * n + m * n)
+        rate = self._achieved(kind, one / moved, self._shape(m, n, k))
+        return one * count / rate + self.overhead
 
     def gemm_time(self, g: Gemm) -> np.ndarray:
-        """Forward time of a GEMM (or of all GEMMs of a grouped GEMM). Arithmetic intensity is
-        that of one GEMM: 2MNK / (bytes of A, B and C)."""
-        m = np.maximum(g.m, 1e-9)
-        one = 2.0 * m * g.n * g.k
-        moved = self.dtype_bytes * (m * g.k + g.k * g.n + m * g.n)
-        rate = self._achieved(g.kind, one / moved)
-        return g.flops / rate + self.overhead
+        """Forward time of a GEMM (or of all GEMMs of a grouped GEMM)."""
+        return self.gemm_time_of(g.m, g.n, g.k, g.kind, g.count)
 
-    def attention_time(self, flops: np.ndarray) -> np.ndarray:
+    def gemm_backward_times(self, g: Gemm) -> tuple[np.ndarray, np.ndarray]:
+        """(data-gradient, weight-gradient) times: dX = dY W^T is M x K over N; dW = X^T dY is
+        K x N over the M tokens."""
+        return self.gemm_time_of(g.m, g.k, g.n, g.kind, g.count), self.gemm_time_of(g.k, g.n, g.m, g.kind, g.count)
+
+    def attention_time(self, flops: np.ndarray, query_tokens: np.ndarray | float = np.inf, kind: str = "attention") -> np.ndarray:
         """Fused attention is compute-bound at training sequence lengths; its efficiency is
-        its own curve (MoFa Fig. 10 shows it far below the GEMM roofline)."""
-        rate = self._achieved("attention", np.full_like(flops, 1e4))
+        its own curve (MoFa Fig. 10 shows it far below the GEMM roofline), lower for short
+        calls (module docstring)."""
+        half = self.eff.attention_seq_half if self.eff.mode == "modified_roofline" and kind == "attention" else 0.0
+        shape = 1.0 if half == 0 else query_tokens / (query_tokens + half)
+        rate = self._achieved(kind, np.full_like(flops, 1e4), shape)
         return flops / rate + self.overhead
 
     def memory_time(self, nbytes: np.ndarray, kernels: float = 1.0) -> np.ndarray:

@@ -22,17 +22,18 @@ from costmodel.flops import model_flops_per_token, recompute_flops_per_token
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
 from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, nccl_and_context, rank_memory, rank_params
 from costmodel.network import Network
-from costmodel.pipeline import grad_windows, in_flight, pipeline_time, rank_classes
+from costmodel.pipeline import RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
 from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import Problem
-from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP, optimizer_state_bytes
+from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP, US, optimizer_state_bytes
 from costmodel.update import optimizer_time, window_traffic, zero3_gathers
 
 #: step-time ledger: per-micro-batch terms of the pacing rank (times the micro-batches), then the
 #: pipeline's own terms, then the step-level ones; fsdp = ZeRO-3 parameter gathers and ZeRO-2/3
-#: gradient reduce-scatters inside the pipeline, dp = the step-level reduction and gathers
-BREAKDOWN_KEYS = ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload", "pp", "bubble", "dp", "update")
+#: gradient reduce-scatters inside the pipeline, overhead = the fixed cost of each virtual-stage
+#: chunk of each micro-batch (stage_overhead_us), dp = the step-level reduction and gathers
+BREAKDOWN_KEYS = ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload", "overhead", "pp", "bubble", "dp", "update")
 
 RANK_NAMES = ("first", "middle", "last")
 
@@ -139,8 +140,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     eff = hw.efficiency
     d_act = DTYPE_BYTES[tr.dtypes.activations]
     shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len, sp=tr.sequence_parallel)
-    dense = arch.dense_layer(m, tr, shard, d_act)
-    moe = arch.moe_layer(m, tr, shard, d_act) if m.moe is not None else None
+    works = [arch.layer_work(m, tr, shard, d_act, kind) for kind in model_kinds(m)]
     edge = arch.edges(m, tr, shard, d_act)
 
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
@@ -151,31 +151,54 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     # document masks: the rank that paces each layer (the slowest of a ring / all-gather CP group)
     ring = np.select([cfg.cp_comm == CP_COMM_CODES["a2a"], cfg.cp_comm == CP_COMM_CODES["a2a+p2p"]], [np.ones_like(cfg.cp), cfg.cp / np.maximum(cfg.cp_a2a, 1.0)], cfg.cp)
     factor = attention_factor(tr.seq_len, tr.mean_document_tokens, cfg.cp, ring)
-    lt_d = layer_time(dense, m, cfg, where, comp, net, eff, unfused, host, factor)
-    lt_m = layer_time(moe, m, cfg, where, comp, net, eff, unfused, host, factor) if moe is not None else None
+    # query tokens of one attention call: a sequence's share of the ring (whole sequences for
+    # Ulysses), no longer than a document under document masks
+    tokens = tr.seq_len / ring
+    if tr.mean_document_tokens is not None:
+        tokens = np.minimum(tokens, tr.mean_document_tokens)
+    times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens) for work in works]
 
     # embedding (first rank) and output head + loss (last rank), per micro-batch
     emb_f = comp.memory_time(edge.embedding_memory_bytes)
     head_gemm = comp.gemm_time(edge.head_gemm)
+    head_dgrad, head_wgrad = comp.gemm_backward_times(edge.head_gemm)
     head_mem = comp.memory_time(edge.head_memory_bytes, 4.0)
     head_tp = net.all_gather(edge.head_tp_bytes, where.tp)
+    # an MTP module beyond its layer: the 2h -> h projection (TP-split) and its own head and loss
+    h = m.hidden_size
+    proj = arch.Gemm("mtp_proj", shard.tokens, h / shard.t, np.full_like(shard.tokens, 2 * h))
+    mtp_compute = comp.gemm_time(proj) + sum(comp.gemm_backward_times(proj)) + head_gemm + head_dgrad + head_wgrad + 2.0 * head_mem
     return LayerCosts(
-        dense=kind_costs(dense, lt_d, cfg),
-        moe=kind_costs(moe, lt_m, cfg) if moe is not None else None,
+        kinds=[kind_costs(work, t, cfg) for work, t in zip(works, times)],
         embedding_f=emb_f,
         embedding_b=2.0 * emb_f,
-        head_compute=3.0 * head_gemm + 2.0 * head_mem,
+        head_compute=head_gemm + head_dgrad + head_wgrad + 2.0 * head_mem,
         head_forward=head_gemm + head_mem + head_tp,
-        head_weight_grad=head_gemm,
+        head_weight_grad=head_wgrad,
         head_tp=2.0 * head_tp,
         head_saved=edge.head_saved,
         embedding_params=edge.embedding_params_local + 0.0 * emb_f,
         head_params=edge.head_params_local + 0.0 * emb_f,
         # Megatron sends [s/cp(/tp with SP), b, h]; old Megatron's scatter/gather sent 1/tp without SP
         hop_bytes=d_act * (shard.tokens / shard.t if tr.p2p_scatter_gather else shard.tokens_sp) * m.hidden_size,
-        comm_buffer_bytes=np.maximum(layer_buffers(dense, cfg, shard, d_act, m.hidden_size, hw.tp_overlap_buffers),
-                                     0.0 if moe is None else layer_buffers(moe, cfg, shard, d_act, m.hidden_size, hw.tp_overlap_buffers)),
+        comm_buffer_bytes=np.maximum.reduce([layer_buffers(work, cfg, shard, d_act, h, hw.tp_overlap_buffers) for work in works]),
+        mtp_compute=mtp_compute if m.mtp_layers else 0.0 * emb_f,
+        mtp_params=(2 * h * h / shard.t + 2 * h) + 0.0 * emb_f,
     )
+
+
+def model_kinds(m) -> list[tuple[str, str]]:
+    """The layer kinds the model's costs are computed for: ModelSpec.kinds(), then the MTP
+    module's layer kind if the model has MTP and the kind is new."""
+    kinds = m.kinds()
+    if m.mtp_layers and arch.mtp_kind(m) not in kinds:
+        kinds.append(arch.mtp_kind(m))
+    return kinds
+
+
+def kind_of_layers(m) -> list[int]:
+    index = {kind: i for i, kind in enumerate(model_kinds(m))}
+    return [index[kind] for kind in m.layer_kinds()]
 
 
 def layer_buffers(work: arch.LayerWork, cfg: ConfigBatch, shard: arch.Shard, d_act: int, hidden: int, tp_overlap_buffers: int) -> np.ndarray:
@@ -229,22 +252,26 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     lc = shared_layer_costs(problem, cfg)
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
     net = Network(hw, cl)
-    groups = stage_groups(cl.placement, cfg, net)
+    groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
     x = cfg.derived()
     v = cfg.vp
 
-    ranks = rank_classes(m.num_layers, m.num_dense_layers, cfg)
+    kinds = model_kinds(m)
+    ranks = rank_classes(kind_of_layers(m), len(kinds), cfg)
+    if m.mtp_layers:  # the MTP modules follow the last layer: on the rank holding the head
+        mtp = kinds.index(arch.mtp_kind(m))
+        ranks = tuple(RankLayers([c + m.mtp_layers * r.last * (i == mtp) for i, c in enumerate(r.counts)], r.first, r.last) for r in ranks)
     micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
     windows = grad_windows(cfg, micro) if x.any_zero2 else None
-    params = [rank_params(rank, lc, m.tied_embeddings) for rank in ranks]
+    params = [rank_params(rank, lc, m.tied_embeddings, m.mtp_layers) for rank in ranks]
     zero = np.zeros(len(cfg))
 
-    parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload")}
+    parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload", "overhead")}
+    chunk_overhead = hw.efficiency.stage_overhead_us * US  # per chunk, per pass
     fwd, bwd, wgrad = [], [], []
     for k, rank in enumerate(ranks):
-        def both(name):
-            value = rank.dense * getattr(lc.dense, name)
-            return value if lc.moe is None else value + rank.moe * getattr(lc.moe, name)
+        def both(name):  # summed over the layer kinds the rank holds
+            return sum(count * getattr(kind, name) for count, kind in zip(rank.counts, lc.kinds))
 
         layers = np.maximum(rank.layers, 1.0)
         layer_forward = both("forward")
@@ -259,7 +286,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         if x.any_full_recompute:
             covered = blend(x.block_recompute, np.minimum(cfg.recompute_layers * v, layers) / layers, 1.0) if x.any_block_recompute else 1.0
             recompute = blend(x.full_recompute, covered * layer_forward, recompute)
-        parts["compute"].append(compute + rank.last * lc.head_compute)
+        head = lc.head_compute + m.mtp_layers * lc.mtp_compute if m.mtp_layers else lc.head_compute
+        parts["compute"].append(compute + rank.last * head)
         parts["recompute"].append(recompute)
         parts["tp"].append(both("tp") + rank.last * lc.head_tp)
         parts["cp"].append(both("cp"))
@@ -275,9 +303,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
             stage_gap = micro * per_mb / np.maximum(windows * v, 1.0)  # compute between two windows of a stage
             fsdp = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
             if x.any_zero3:
-                moe_dense = 0.0 if lc.moe is None else rank.moe * (lc.moe.params - lc.moe.expert_params)
-                dense_per_layer = (rank.dense * lc.dense.params + moe_dense) / layers
-                expert_per_layer = (0.0 if lc.moe is None else rank.moe * lc.moe.expert_params) / layers
+                expert_per_layer = both("expert_params") / layers
+                dense_per_layer = both("params") / layers - expert_per_layer
                 edge_params = rank.first * lc.embedding_params + rank.last * lc.head_params
                 freed = cfg.reshard_after_forward == 1
                 gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
@@ -286,6 +313,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
                 fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, 2.0 * f_layer, moe)
             fsdp = fsdp / micro
         parts["fsdp"].append(fsdp)
+        parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
+        f = f + v * chunk_overhead
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
         wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad if x.any_dualpipev else zero)
@@ -305,7 +334,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     for k, rank in enumerate(ranks):
         rank_index = 0 if k == 0 else (np.ones_like(cfg.pp) if k == 1 else cfg.pp - 1)
         flight = in_flight(rank_index, cfg, micro)
-        ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators)
+        ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators, m.mtp_layers)
         ledgers.append(ledger)
         cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
         window_b = cooldown * bwd[k]

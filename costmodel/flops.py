@@ -14,28 +14,45 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.architecture import active_matmul_params, attention_dims, mlp_params
+from costmodel.architecture import DENSE, _kind, active_matmul_params, attention_dims, mlp_params, mtp_kind, window_share
 from costmodel.specs import ModelSpec
 
 
-def attention_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
-    """Forward FLOPs of QK^T and AV for one token in one layer: the full score matrix (PaLM's
-    convention) or, with `causal`, the lower triangle a causal kernel computes."""
+def attention_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False, attention: str = "full_attention") -> float:
+    """Forward FLOPs of the attention core for one token in one layer. Softmax attention: QK^T
+    and AV over the keys a query may see -- the whole sequence (PaLM's convention) or, with
+    `causal`, the lower triangle a causal kernel computes; a sliding-window layer sees at most
+    its window. Gated DeltaNet: the chunked delta rule, linear in the sequence
+    (architecture.linear_attention_block)."""
+    if attention == "linear_attention":
+        g = m.linear_attention
+        return g.num_value_heads * (2.0 * g.chunk_size * (g.key_head_dim + g.value_head_dim) + 6.0 * g.key_head_dim * g.value_head_dim)
     a, _, dqk, dv = attention_dims(m)
-    share = (seq_len + 1) / (2 * seq_len) if causal else 1.0
+    window = m.sliding_window if attention == "sliding_attention" else None
+    if causal:
+        share = window_share(seq_len, window)
+    else:
+        share = 1.0 if window is None else min(window, seq_len) / seq_len
     return 2.0 * seq_len * a * (dqk + dv) * share
 
 
-def layer_forward_flops_per_token(m: ModelSpec, seq_len: int, moe: bool, causal: bool = False) -> float:
-    if moe and m.moe is None:
+def layer_forward_flops_per_token(m: ModelSpec, seq_len: int, kind=DENSE, causal: bool = False) -> float:
+    attention, mlp = _kind(kind)
+    if mlp == "moe" and m.moe is None:
         return 0.0  # a dense model has no MoE layer
-    return 2.0 * active_matmul_params(m, moe) + attention_flops_per_token(m, seq_len, causal)
+    return 2.0 * active_matmul_params(m, (attention, mlp)) + attention_flops_per_token(m, seq_len, causal, attention)
+
+
+def mtp_forward_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
+    """One MTP module: its layer, the 2h -> h projection and its own output head."""
+    h = m.hidden_size
+    return layer_forward_flops_per_token(m, seq_len, mtp_kind(m), causal) + 2.0 * 2 * h * h + 2.0 * h * m.vocab_size
 
 
 def model_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
     fwd = (
-        m.num_dense_layers * layer_forward_flops_per_token(m, seq_len, False, causal)
-        + m.num_moe_layers * layer_forward_flops_per_token(m, seq_len, True, causal)
+        sum(layer_forward_flops_per_token(m, seq_len, kind, causal) for kind in m.layer_kinds())
+        + m.mtp_layers * mtp_forward_flops_per_token(m, seq_len, causal)
         + 2.0 * m.hidden_size * m.vocab_size
     )
     return 3.0 * fwd
@@ -55,7 +72,7 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
     def on(name):
         return ((mods & BITS[name]) != 0) * 1.0
 
-    attention = m.num_layers * attention_flops_per_token(m, seq_len)
+    attention = sum(attention_flops_per_token(m, seq_len, False, a) for a, _ in m.layer_kinds())
     dense_mlp = m.num_dense_layers * 2.0 * mlp_params(m, m.ffn_hidden_size)
     shared = moe_block = up_proj = 0.0
     if m.moe is not None:
@@ -68,7 +85,12 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
         up_proj = m.num_layers * 2.0 * up
     selective = (on("core_attn") * attention + on("mlp") * dense_mlp + on("moe") * moe_block
                  + (1.0 - on("moe")) * on("shared_experts") * shared + on("mla_up_proj") * up_proj)
-    full = m.num_dense_layers * layer_forward_flops_per_token(m, seq_len, False) + m.num_moe_layers * layer_forward_flops_per_token(m, seq_len, True)
+    full = sum(layer_forward_flops_per_token(m, seq_len, kind) for kind in m.layer_kinds())
     stage = np.maximum(np.floor(m.num_layers / np.maximum(cfg.pp * cfg.vp, 1.0)), 1.0)
     covered = np.where(cfg.recompute_method == 1, np.minimum(cfg.recompute_layers, stage) / stage, 1.0)
     return np.select([cfg.recompute == 1, cfg.recompute == 2], [selective, covered * full], 0.0)
+
+
+def palm_flops_per_token(m: ModelSpec, seq_len: int, num_params: float) -> float:
+    """PaLM Appendix B: 6N + 12*L*H*Q*T (N all parameters)."""
+    return 6.0 * num_params + 12.0 * m.num_layers * m.num_heads * m.dim_per_head * seq_len

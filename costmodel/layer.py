@@ -30,8 +30,9 @@ Communication that is not overlapped is fully exposed. Without --tp-comm-overlap
 still hides the backward re-all-gather of the sequence-parallel input behind the dgrad GEMM
 (async all-gather), so the backward exposes four TP collectives per layer, like the forward.
 
-The backward of every GEMM is a data-gradient and a weight-gradient GEMM of the forward's shape;
-the weight-gradient part (W) is kept apart for the zero-bubble family (DualPipeV).
+The backward of every GEMM is a data-gradient and a weight-gradient GEMM, each timed at its own
+shape (costmodel.compute); the weight-gradient part (W) is kept apart for the zero-bubble family
+(DualPipeV). The fused attention backward is `attention_backward_ratio` times its forward.
 """
 
 from __future__ import annotations
@@ -46,10 +47,6 @@ from costmodel.configs import CP_COMM_CODES, OFFLOAD_LAYER, OFFLOAD_MODULE_BITS,
 from costmodel.network import Network
 from costmodel.placement import LayerGroups
 from costmodel.specs import EfficiencyProfile, ModelSpec
-
-#: backward / forward time of the fused attention kernel (FlashAttention-2: 5 vs 2 matmuls)
-FLASH_BACKWARD_RATIO = 2.5
-
 
 @dataclass(frozen=True)
 class LayerTime:
@@ -105,15 +102,20 @@ def layer_time(
     unfused_attention: bool,
     host_links: tuple[float, float],
     attention_factor: np.ndarray,
+    attention_tokens: np.ndarray,
 ) -> LayerTime:
     gemm_f = {g.name: comp.gemm_time(g) for g in work.gemms}
     comp_gemm_f = sum(gemm_f.values())
-    attn_f = comp.attention_time(work.attention_flops_hw * attention_factor)
-    attn_b = attn_f * (2.0 if unfused_attention else FLASH_BACKWARD_RATIO)
+    dgrad, wgrad = 0.0, 0.0
+    for g in work.gemms:
+        d, w = comp.gemm_backward_times(g)
+        dgrad, wgrad = dgrad + d, wgrad + w
+    attn_f = comp.attention_time(work.attention_flops_hw * attention_factor, attention_tokens, work.attention_class)
+    attn_b = attn_f * (2.0 if unfused_attention else eff.attention_backward_ratio)
     mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
     mem_total = sum(mem_f.values())
     comp_f = comp_gemm_f + attn_f + mem_total
-    comp_b = 2.0 * (comp_gemm_f + mem_total) + attn_b
+    comp_b = dgrad + wgrad + 2.0 * mem_total + attn_b
 
     # --- tensor parallelism (eq. 20) -----------------------------------------------------
     tp_on = cfg.tp_overlap == 1
@@ -172,7 +174,7 @@ def layer_time(
     off = offloaded > 0
     offload_f = np.where(off, np.maximum(c.alpha * offloaded / d2h, c.beta * fwd) - fwd, 0.0)
     offload_b = np.where(off, np.maximum(c.alpha * offloaded / h2d, c.beta * bwd) - bwd, 0.0)
-    return LayerTime(comp_f, comp_b, comp_gemm_f, tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, recompute, offload_f, offload_b, attn_f)
+    return LayerTime(comp_f, comp_b, wgrad, tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, recompute, offload_f, offload_b, attn_f)
 
 
 def kept_bytes(work: LayerWork, cfg: ConfigBatch) -> np.ndarray:
@@ -231,10 +233,11 @@ class KindCosts:
 
 @dataclass(frozen=True)
 class LayerCosts:
-    """Everything per layer shape that the pipeline, memory and optimizer models compose."""
+    """Everything per layer shape that the pipeline, memory and optimizer models compose: one
+    KindCosts per layer kind (ModelSpec.kinds order, then the MTP module's kind if it is new),
+    and the edge modules."""
 
-    dense: KindCosts
-    moe: KindCosts | None
+    kinds: list[KindCosts]
     embedding_f: np.ndarray
     embedding_b: np.ndarray
     head_compute: np.ndarray  # forward + backward of the head GEMM and the loss
@@ -246,13 +249,13 @@ class LayerCosts:
     head_params: np.ndarray
     hop_bytes: np.ndarray  # one pipeline hop: an activation micro-batch
     comm_buffer_bytes: np.ndarray  # TP/SP, CP and EP buffers a layer allocates while it runs
+    mtp_compute: np.ndarray  # one MTP module's projection and head, forward + backward (its layer is a kind)
+    mtp_params: np.ndarray  # one MTP module's projection and norms
 
     def take(self, index) -> "LayerCosts":
         def pick(x):
-            if x is None:
-                return None
-            if isinstance(x, KindCosts):
-                return KindCosts(*(getattr(x, f.name)[index] for f in fields(KindCosts)))
+            if isinstance(x, list):
+                return [KindCosts(*(getattr(k, f.name)[index] for f in fields(KindCosts))) for k in x]
             return x[index]
 
         return LayerCosts(*(pick(getattr(self, f.name)) for f in fields(LayerCosts)))

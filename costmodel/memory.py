@@ -96,39 +96,47 @@ class MemoryContext:
     fragmentation: float
 
 
-def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool) -> tuple[np.ndarray, np.ndarray]:
+def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool, mtp_layers: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameter counts of a rank class: its layers, the embedding on the first
-    rank, the head on the rank that holds it (tied and on one rank: shared; tied across ranks:
-    Megatron keeps a copy)."""
-    n_d, n_m = rank.dense, rank.moe
-    expert = 0.0 * n_d if lc.moe is None else n_m * lc.moe.expert_params
-    dense = n_d * lc.dense.params + (0.0 if lc.moe is None else n_m * lc.moe.params) - expert
-    head = lc.head_params
+    rank, the head (and the MTP modules' projections) on the rank that holds it (tied and on one
+    rank: shared; tied across ranks: Megatron keeps a copy)."""
+    expert = sum(count * kind.expert_params for count, kind in zip(rank.counts, lc.kinds))
+    dense = sum(count * kind.params for count, kind in zip(rank.counts, lc.kinds)) - expert
+    head = lc.head_params + mtp_layers * lc.mtp_params
     if rank.first:
         dense = dense + lc.embedding_params
         if tied_embeddings:
-            head = lc.head_params - lc.embedding_params
+            head = head - lc.embedding_params
     return dense + rank.last * head, expert
 
 
-def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived) -> tuple[np.ndarray, np.ndarray]:
-    """(activations on the GPU, activations on the host) of a rank at its peak."""
-    dense, moe = lc.dense, lc.moe
+def _per_chunk(rank: RankLayers, lc: LayerCosts, v, name: str) -> np.ndarray:
+    """Sum over the layer kinds of one virtual stage of the rank."""
+    return sum(count / v * getattr(kind, name) for count, kind in zip(rank.counts, lc.kinds))
+
+
+def _largest(rank: RankLayers, lc: LayerCosts, name: str) -> np.ndarray:
+    """The largest layer of a kind the rank holds."""
+    return np.maximum.reduce([(count > 0) * getattr(kind, name) for count, kind in zip(rank.counts, lc.kinds)])
+
+
+def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived, mtp_layers: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(activations on the GPU, activations on the host) of a rank at its peak; the rank with
+    the head keeps the loss's logits (and each MTP module's)."""
+    head_saved = lc.head_saved * (1 + mtp_layers)
     v = cfg.vp
 
-    def per_chunk(name):  # sum over the layer kinds of one virtual stage of the rank
-        value = rank.dense / v * getattr(dense, name)
-        return value if moe is None else value + rank.moe / v * getattr(moe, name)
+    def per_chunk(name):
+        return _per_chunk(rank, lc, v, name)
 
-    def largest(name):  # the largest layer of a kind the rank holds
-        value = (rank.dense > 0) * getattr(dense, name)
-        return value if moe is None else np.maximum(value, (rank.moe > 0) * getattr(moe, name))
+    def largest(name):
+        return _largest(rank, lc, name)
 
     kept = per_chunk("activation")
     resident = in_flight * kept
     zero = 0.0 * kept
     if not (x.any_full_recompute or x.any_offload):  # nothing else to count in this batch
-        return resident + rank.last * lc.head_saved, zero
+        return resident + rank.last * head_saved, zero
     chunk_layers = np.maximum(rank.layers / v, 1.0)
     inputs = per_chunk("input_bytes")
     full_set = largest("saved_full")
@@ -144,20 +152,21 @@ def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cf
             working = blend(x.block_recompute, full_set, working)
         resident = in_flight * blend(x.full_recompute, recomputed, kept) + x.full_recompute * working
     if not x.any_offload:
-        return resident + rank.last * lc.head_saved, zero
+        return resident + rank.last * head_saved, zero
     offloaded = per_chunk("offloaded")
     modules = (cfg.activation_offload > 0) & (cfg.activation_offload != OFFLOAD_LAYER)
     # MoFa's whole-layer offload: two layers' sets and the input of every in-flight chunk
     # (Megatron's input_tensors list) stay; fine-grained offload: the rest of every chunk stays
-    layer_offload = 2.0 * full_set + in_flight * lc.dense.input_bytes
+    layer_offload = 2.0 * full_set + in_flight * lc.kinds[0].input_bytes
     module_offload = in_flight * (kept - offloaded) + 2.0 * largest("offloaded")
     on_gpu = np.select([x.layer_offload == 1, modules], [layer_offload, module_offload], resident)
     host = (x.layer_offload + modules) * in_flight * np.where(x.layer_offload == 1, kept, offloaded)
-    return on_gpu + rank.last * lc.head_saved, host
+    return on_gpu + rank.last * head_saved, host
 
 
-def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived, mc: MemoryContext, communicators: np.ndarray) -> RankMemory:
-    dense_params, expert_params = rank_params(rank, lc, mc.tied_embeddings)
+def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived, mc: MemoryContext, communicators: np.ndarray,
+                mtp_layers: int = 0) -> RankMemory:
+    dense_params, expert_params = rank_params(rank, lc, mc.tied_embeddings, mtp_layers)
     params = dense_params + expert_params
     sharded = dense_params / x.shard + expert_params / x.eshard  # this rank's share of the stage's parameters
 
@@ -166,7 +175,7 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     layer_params = None
     if x.any_zero3:
         kept_params = blend(x.shard_params, sharded, params)
-        layer_params = np.maximum((rank.dense > 0) * lc.dense.params, 0.0 if lc.moe is None else (rank.moe > 0) * lc.moe.params)
+        layer_params = _largest(rank, lc, "params")
         edge = np.maximum(lc.embedding_params * rank.first, rank.last * lc.head_params)
         prefetch = 2.0 * np.maximum(layer_params, edge)  # the layer running and the next one
         unfreed = params - sharded  # every layer stays gathered from its forward to its backward
@@ -180,7 +189,7 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     # stage accumulates while the previous one's reduce-scatter drains (two stages)
     if x.any_zero2:
         if layer_params is None:
-            layer_params = np.maximum((rank.dense > 0) * lc.dense.params, 0.0 if lc.moe is None else (rank.moe > 0) * lc.moe.params)
+            layer_params = _largest(rank, lc, "params")
         vee = cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]
         spans_step = (cfg.pp > 1) & (cfg.vp == 1) & ~vee
         stages_alive = np.where(cfg.pp_schedule == PP_SCHEDULE_CODES["afab"], 1.0, 2.0)
@@ -198,7 +207,7 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     host_states = x.cpu * np.minimum(states, mc.host_share_bytes)
     gpu_transient = transient * (1.0 - x.cpu)
 
-    activations, host_activations = activation_bytes(rank, in_flight, lc, cfg, x)
+    activations, host_activations = activation_bytes(rank, in_flight, lc, cfg, x, mtp_layers)
     transient_excess = np.maximum(0.0, gpu_transient - activations)
     pp_buffers = (cfg.pp > 1) * 2.0 * lc.hop_bytes
     buffers = pp_buffers + lc.comm_buffer_bytes

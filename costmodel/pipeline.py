@@ -47,52 +47,77 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.arrays import argmax3, blend, floor_div
-from costmodel.layout import middle_layers
+from costmodel.arrays import argmax3, blend, unique_rows
 from costmodel.configs import PP_SCHEDULE_CODES as SCHEDULE
 from costmodel.configs import ConfigBatch
 
 @dataclass(frozen=True)
 class RankLayers:
-    """Layer counts of one rank class: transformer layers by kind, edge modules."""
+    """Layer counts of one rank class by layer kind (ModelSpec.kinds order), and its edge
+    modules."""
 
-    dense: np.ndarray
-    moe: np.ndarray
+    counts: list[np.ndarray]
     first: bool  # holds the embedding
-    last: np.ndarray  # bool array: holds the output head and loss
+    last: np.ndarray  # bool array: holds the output head and loss (and the MTP modules)
 
     @property
     def layers(self) -> np.ndarray:
-        return self.dense + self.moe
+        return sum(self.counts)
 
 
-def rank_classes(num_layers: int, num_dense: int, cfg: ConfigBatch) -> tuple[RankLayers, RankLayers, RankLayers]:
-    """First, second and last rank (they coincide when pp is 1 or 2). The leading dense layers
-    of an MoE model fill the first virtual stage of rank 0, then that of rank 1. Under DualPipeV
-    (V shape) rank 0 holds the first and the last virtual stage, so the embedding and the head."""
+def stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int, vee: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(layers of each virtual stage in model order, the rank holding it). Megatron's layouts:
+    rank r holds stages r, r+pp, ...; the embedding/loss-accounted layout gives the first and the
+    last stage one layer less; otherwise a rank's layers split evenly over its stages. DualPipeV:
+    2*pp stages in a V, rank r holding stages r and 2pp-1-r."""
+    if vee:
+        stages = 2 * pp
+        rank = np.array([s if s < pp else 2 * pp - 1 - s for s in range(stages)])
+        return np.full(stages, num_layers // stages), rank
+    stages = pp * vp
+    rank = np.arange(stages) % pp
+    if pp == 1:
+        return np.array([num_layers]), np.zeros(1, dtype=int)
+    middle = (num_layers - first - last) // max(pp - 2, 1) if pp > 2 else 0
+    per_rank = np.where(rank == 0, first, np.where(rank == pp - 1, last, middle)) // vp
+    sizes = per_rank.copy()
+    if (num_layers + 2) % stages == 0 and first == last == vp * (num_layers + 2) // stages - 1:
+        sizes[:] = (num_layers + 2) // stages  # embedding_loss: every stage l, the end stages l - 1
+        sizes[0] -= 1
+        sizes[-1] -= 1
+    return sizes, rank
+
+
+def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> tuple[RankLayers, RankLayers, RankLayers]:
+    """First, second and last rank (they coincide when pp is 1 or 2), with the kinds of the
+    layers each holds, laid out exactly as the framework lays them out (stage_sizes): layer
+    kinds placed in model order (an MoE model's leading dense layers land on the first stages,
+    hybrid-attention patterns wherever they fall). The second rank stands for the middle ranks
+    (exact when the kind pattern repeats within a stage). Under DualPipeV (V shape) rank 0 holds
+    the first and the last virtual stage, so the embedding and the head."""
     p, v = cfg.pp, cfg.vp
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
-    first_n = np.where(p == 1, num_layers, cfg.first_layers)
-    last_n = np.where(p == 1, num_layers, cfg.last_layers)
-    second_n = np.where(p <= 2, last_n, middle_layers(num_layers, cfg))
-    first_has_head = (p == 1) | vee
-    last_has_head = ~vee
-    second_has_head = (p <= 2) & ~vee
-    if num_dense >= num_layers:  # a dense model
-        return (
-            RankLayers(first_n, 0 * first_n, True, first_has_head),
-            RankLayers(second_n, 0 * second_n, False, second_has_head),
-            RankLayers(last_n, 0 * last_n, False, last_has_head),
-        )
-    chunk0 = floor_div(first_n, v)
-    d_first = np.minimum(num_dense, chunk0)
-    d_first = np.where(p == 1, num_dense, d_first)
-    d_second = np.where(p == 1, d_first, np.minimum(np.maximum(num_dense - chunk0, 0), floor_div(second_n, v)))
-    d_last = np.where(p == 1, d_first, np.where(p == 2, d_second, 0))
-    first = RankLayers(d_first, first_n - d_first, True, first_has_head)
-    second = RankLayers(d_second, second_n - d_second, False, second_has_head)
-    last = RankLayers(d_last, last_n - d_last, False, last_has_head)
-    return first, second, last
+    n_layers = len(kind_of_layer)
+    kinds = np.asarray(kind_of_layer)
+    columns = [p, v, cfg.first_layers, cfg.last_layers, vee * 1.0]
+    key = np.zeros(len(p), dtype=np.int64)
+    for column in columns:  # a mixed-radix key: these are small integers
+        key = key * (int(column.max(initial=0)) + 1) + column.astype(np.int64)
+    first_row, inverse = unique_rows(key)
+    layouts = np.stack([c[first_row] for c in columns], axis=1)
+    table = np.zeros((len(layouts), 3, num_kinds))  # layout x rank class x kind
+    for i, (pp, vp, first, last, v_shape) in enumerate(layouts.astype(int)):
+        sizes, rank = stage_sizes(n_layers, pp, vp, first, last, bool(v_shape))
+        layer_rank = np.repeat(rank, np.maximum(sizes, 0))[:n_layers]
+        for c, r in enumerate((0, min(1, pp - 1), pp - 1)):
+            table[i, c] = np.bincount(kinds[layer_rank == r], minlength=num_kinds)
+    inverse = inverse.ravel()
+    counts = [[table[inverse, c, k] for k in range(num_kinds)] for c in range(3)]
+    return (
+        RankLayers(counts[0], True, (p == 1) | vee),
+        RankLayers(counts[1], False, (p <= 2) & ~vee),
+        RankLayers(counts[2], False, ~vee),
+    )
 
 
 def group_size(cfg: ConfigBatch) -> np.ndarray:

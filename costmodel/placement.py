@@ -69,10 +69,11 @@ class StageGroups:
     edp: Group
 
 
-def stage_groups(order: list[str], cfg: ConfigBatch, net: Network) -> StageGroups:
+def stage_groups(order: list[str], cfg: ConfigBatch, net: Network, experts: bool = True) -> StageGroups:
     """The groups that depend on the pipeline and data-parallel sizes (per configuration).
     HSDP shards over consecutive ranks of the dp*cp group (the innermost, best connected) and
-    replicates across them (torchtitan's data_parallel_shard_degree x replicate_degree)."""
+    replicates across them (torchtitan's data_parallel_shard_degree x replicate_degree). A dense
+    model (experts=False) has no expert-data-parallel group to build."""
     t, c, d, e, etp, edp, strides, stage = _layout(order, cfg)
     dp_factors = _take(stage, t, c * d)
     dp = net.group(dp_factors)
@@ -86,7 +87,7 @@ def stage_groups(order: list[str], cfg: ConfigBatch, net: Network) -> StageGroup
         dp=dp,
         shard=shard,
         replica=replica,
-        edp=net.group(_take(stage, etp * e, edp)),
+        edp=net.group(_take(stage, etp * e, edp)) if experts else dp,
     )
 
 

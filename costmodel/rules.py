@@ -36,6 +36,7 @@ RULES: dict[str, tuple[str, str]] = {
     "tp_in_domain": ("tp", "tp must not exceed the GPUs of one node (or supernode, if search.tp_domain says so)"),
     "cp_divides_seq": ("cp", "seq_len must be divisible by 2*cp"),
     "cp_comm_needs_cp": ("cp_comm", "a context-parallel variant other than p2p needs cp > 1"),
+    "cp_linear_attention": ("cp", "linear-attention (Gated DeltaNet) layers carry a state along the sequence: not split by context parallelism here (cp must be 1)"),
     "cp_a2a_heads": ("cp_comm", "all-to-all CP needs the attention heads of a TP rank divisible by the all-to-all degree"),
     "cp_a2a_degree": ("cp_a2a", "a2a+p2p needs an all-to-all degree 1 < cp_a2a < cp that divides cp (and none otherwise)"),
     "layers_split": ("pp", "Megatron cannot lay the layers out over pp ranks x vp virtual stages this way"),
@@ -102,6 +103,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     out["tp_kv_heads"] = ~kv_heads_fit(kv_heads(problem), t)
     out["cp_divides_seq"] = (c > 1) & ~divides(2 * c, tr.seq_len)
     out["cp_comm_needs_cp"] = (c == 1) & (cfg.cp_comm != C["p2p"])
+    out["cp_linear_attention"] = (c > 1) & ("linear_attention" in (m.layer_types or ()))
     a2a_degree = np.select([cfg.cp_comm == C["a2a"], cfg.cp_comm == C["a2a+p2p"]], [c, np.maximum(cfg.cp_a2a, 1.0)], 1.0)
     out["cp_a2a_heads"] = (a2a_degree > 1) & ~divides(a2a_degree * t, m.num_heads)
     hierarchical = cfg.cp_comm == C["a2a+p2p"]

@@ -21,6 +21,7 @@ from costmodel.units import DTYPE_BYTES, MIB
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FeatureMode = Literal["allowed", "on", "off"]
 RecomputeMode = Literal["none", "selective", "full"]
+AttentionType = Literal["full_attention", "sliding_attention", "linear_attention"]
 SplitMode = Literal["even", "embedding_loss", "uneven"]
 
 
@@ -53,13 +54,28 @@ class MLASpec(Spec):
     v_head_dim: Count = Field(gt=0)
 
 
+class LinearAttentionSpec(Spec):
+    """Gated DeltaNet (Yang et al. 2024, arXiv 2412.06464; Qwen3-Next / Qwen3.5 `linear_*` keys):
+    q and k over key heads, v over value heads, a short causal convolution on q, k, v, scalar
+    gates per value head, the chunked delta-rule recurrence, a gated output norm."""
+
+    num_key_heads: Count = Field(gt=0, description="HF linear_num_key_heads")
+    num_value_heads: Count = Field(gt=0, description="HF linear_num_value_heads")
+    key_head_dim: Count = Field(gt=0, description="HF linear_key_head_dim")
+    value_head_dim: Count = Field(gt=0, description="HF linear_value_head_dim")
+    conv_kernel: Count = Field(default=4, gt=0, description="HF linear_conv_kernel_dim")
+    chunk_size: Count = Field(default=64, gt=0, description="chunk of the chunked delta-rule kernels (flash-linear-attention: 64)")
+
+
 class MoESpec(Spec):
     num_experts: Count = Field(gt=0, description="routed experts")
     top_k: Count = Field(gt=0)
     expert_ffn_hidden_size: Count = Field(gt=0)
     num_shared_experts: Count = Field(default=0, ge=0)
     shared_expert_ffn_hidden_size: Count | None = Field(default=None, gt=0)
-    first_dense_layers: Count = Field(default=0, ge=0, description="leading layers with a dense MLP")
+    first_dense_layers: Count = Field(default=0, ge=0, description="leading layers with a dense MLP (HF first_k_dense_replace)")
+    sparse_step: Count = Field(default=1, gt=0, description="an MoE MLP every k-th layer, the others dense (HF decoder_sparse_step)")
+    dense_layers: list[Count] = Field(default=[], description="indices of further layers with a dense MLP (HF mlp_only_layers)")
     max_nodes_per_token: Count | None = Field(
         default=None, gt=0, description="node-limited routing (DeepSeek-V3: 4); caps inter-node copies"
     )
@@ -78,6 +94,7 @@ class MoESpec(Spec):
 class ModelSpec(Spec):
     name: str
     source: str = ""
+    notes: list[str] = Field(default=[], description="what an import did not use (unknown or unmodelled keys of a config.json)")
     num_layers: Count = Field(gt=0)
     hidden_size: Count = Field(gt=0)
     num_heads: Count = Field(gt=0)
@@ -93,11 +110,15 @@ class ModelSpec(Spec):
     linear_bias: bool = Field(default=False, description="biases on the linear layers (GPT-3, BLOOM); not counted in parameters")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
-    mtp_layers: Count = Field(
-        default=0, ge=0,
-        description="multi-token prediction modules (DeepSeek-V3: 1); exported to launch configs, not costed by the model",
+    layer_types: list[AttentionType] | None = Field(
+        default=None, description="attention of each layer (HF layer_types); None: full attention everywhere"
     )
-    qk_layernorm: bool = Field(default=False, description="normalisation of queries and keys (Qwen3); exported to launch configs")
+    sliding_window: Count | None = Field(default=None, gt=0, description="keys a sliding-attention layer's query sees (GPT-OSS: 128)")
+    linear_attention: LinearAttentionSpec | None = Field(default=None, description="the linear-attention layers' dimensions")
+    mtp_layers: Count = Field(
+        default=0, ge=0, description="multi-token prediction modules (DeepSeek-V3: 1, HF num_nextn_predict_layers): a layer, a projection and a loss each, after the last layer"
+    )
+    qk_layernorm: bool = Field(default=False, description="RMSNorm on q and k per head (Qwen3, OLMo 2)")
 
     @model_validator(mode="after")
     def _consistency(self):
@@ -105,7 +126,30 @@ class ModelSpec(Spec):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
+        if self.moe and any(i >= self.num_layers for i in self.moe.dense_layers):
+            raise ValueError("moe.dense_layers: a layer index beyond num_layers")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("sliding_window: sliding_attention layers need a window")
+            if "linear_attention" in self.layer_types and self.linear_attention is None:
+                raise ValueError("linear_attention: linear_attention layers need their dimensions")
         return self
+
+    def layer_kinds(self) -> list[tuple[str, str]]:
+        """(attention type, MLP type) of each layer, in order."""
+        attention = self.layer_types or ["full_attention"] * self.num_layers
+        if self.moe is None:
+            return [(a, "dense") for a in attention]
+        x = self.moe
+        dense = set(x.dense_layers)
+        mlp = ["dense" if i < x.first_dense_layers or i in dense or (i + 1) % x.sparse_step else "moe" for i in range(self.num_layers)]
+        return list(zip(attention, mlp))
+
+    def kinds(self) -> list[tuple[str, str]]:
+        """The distinct layer kinds, in order of first appearance."""
+        return list(dict.fromkeys(self.layer_kinds()))
 
     @property
     def kv_heads(self) -> int:
@@ -117,7 +161,7 @@ class ModelSpec(Spec):
 
     @property
     def num_dense_layers(self) -> int:
-        return self.num_layers if self.moe is None else self.moe.first_dense_layers
+        return sum(1 for _, mlp in self.layer_kinds() if mlp == "dense")
 
     @property
     def num_moe_layers(self) -> int:
@@ -151,9 +195,10 @@ class CalibrationStats(Spec):
     points: Count = Field(gt=0)
     log_residual_sd: float = Field(ge=0, description="root mean square of log(pred/meas), leave-one-out (bias included)")
     mape_pct: float = Field(ge=0)
-    loo_mape_pct: float | None = Field(default=None, ge=0)
+    loo_mape_pct: float | None = Field(default=None, ge=0, description="MAPE of the cross-validated (held-out) predictions")
     max_abs_error_pct: float = Field(ge=0)
     data: list[str] = []
+    cross_validation: Literal["point", "source"] | None = Field(default=None, description="what was held out for loo_mape_pct and the interval")
 
 
 class EfficiencyProfile(Spec):
@@ -167,11 +212,47 @@ class EfficiencyProfile(Spec):
     source: str = ""
     gemm: Curve = Curve(peak_fraction=0.75)
     grouped_gemm: Curve = Curve(peak_fraction=0.65)
+    fp8_gemm: Curve = Field(default=Curve(peak_fraction=0.6), description="GEMMs in fp8 (Transformer Engine, torchao float8): a fraction of the fp8 peak")
     attention: Curve = Curve(peak_fraction=0.55)
+    linear_attention: Curve = Field(
+        default=Curve(peak_fraction=0.3),
+        description="the chunked linear-attention kernels (flash-linear-attention's Gated DeltaNet): an assumption "
+        "until measured -- their small per-chunk matmuls run well below the GEMM rate",
+    )
+    gemm_k_half: float = Field(
+        default=0.0,
+        ge=0,
+        description="GEMM reduction depth at which the main loop reaches half its peak rate: efficiency x K/(K + k_half) "
+        "(prologue/epilogue of each output tile); 0 = no shape dependence",
+    )
+    gemm_tile: tuple[Count, Count] = Field(
+        default=(128, 256),
+        strict=False,
+        description="output tile of the GEMM kernels (M x N); with the GPU's SM count it sets the wave quantization",
+    )
+    attention_seq_half: float = Field(
+        default=0.0,
+        ge=0,
+        description="query tokens per attention call at which the fused kernel reaches half its peak rate: "
+        "efficiency x L/(L + seq_half) (tile start-up, causal masking of the diagonal); 0 = no shape dependence",
+    )
+    attention_backward_ratio: float = Field(
+        default=2.5,
+        ge=1,
+        le=5,
+        description="attention backward / forward time: FlashAttention-2 does 5 matmuls against 2 (2.5); lower kernel "
+        "efficiency in the backward raises it",
+    )
+    stage_overhead_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="fixed cost of one virtual-stage chunk of one micro-batch, forward or backward, on a rank: kernel "
+        "launch gaps, pipeline scheduling, P2P synchronisation, per-chunk gradient hooks (MoFa 5.5.1: v is not free)",
+    )
     memory_bound_fraction: float = Field(default=0.75, gt=0, le=1, description="HBM fraction for elementwise kernels")
     kernel_overhead_us: float = Field(default=4.0, ge=0, description="launch + tail per kernel")
     #: measured points per operator class: {class: [[arithmetic_intensity, tflops], ...]}
-    profiled: dict[Literal["gemm", "grouped_gemm", "attention"], list[tuple[Positive, Positive]]] = Field(default={}, strict=False)
+    profiled: dict[Literal["gemm", "grouped_gemm", "attention", "linear_attention"], list[tuple[Positive, Positive]]] = Field(default={}, strict=False)
     #: achieved fraction of the nominal per-GPU bandwidth per network level (MoFa eq. 18 lambda)
     comm_efficiency: dict[Literal["node", "supernode", "cluster"], Fraction] = {
         "node": 0.8,
@@ -207,6 +288,7 @@ class HardwareSpec(Spec):
     d2h_gb_per_s: float = Field(gt=0)
     intra_node_gb_per_s: float = Field(gt=0, description="scale-up (NVLink) bandwidth per GPU, one direction")
     inter_node_gb_per_s: float = Field(gt=0, description="scale-out (NIC) bandwidth per GPU, one direction")
+    sm_count: Count | None = Field(default=None, gt=0, description="streaming multiprocessors: the GEMM waves' width (None: no wave quantization)")
     intra_node_latency_us: float = Field(default=3.0, ge=0)
     inter_node_latency_us: float = Field(default=10.0, ge=0)
     cpu_optimizer_params_per_s: float = Field(

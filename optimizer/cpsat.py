@@ -129,7 +129,7 @@ def _group_tables(problem: Problem, space: SearchSpace, skeletons: np.ndarray, c
         part = np.arange(lo, min(lo + step, len(cfg)))
         ev = evaluate(problem, cfg.take(part))
         b = ev.breakdown_s
-        out["steady_bubble"][part] = b["compute"] + b["recompute"] + b["tp"] + b["cp"] + b["ep"] + b["fsdp"] + b["offload"] + b["bubble"]
+        out["steady_bubble"][part] = b["compute"] + b["recompute"] + b["tp"] + b["cp"] + b["ep"] + b["fsdp"] + b["offload"] + b["overhead"] + b["bubble"]
         out["update"][part] = b["update"]
         out["pp_overlap_floor"][part] = ev.pp_overlap_floor_s
         out["pp_without_overlap"][part] = ev.pp_without_overlap_s

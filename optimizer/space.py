@@ -47,6 +47,7 @@ SKELETON_RULES = (
     "tp_in_domain",
     "cp_divides_seq",
     "cp_comm_needs_cp",
+    "cp_linear_attention",
     "cp_a2a_heads",
     "cp_a2a_degree",
     "layers_split",

@@ -7,10 +7,10 @@ A field may be a preset name, an inline spec, a preset with overrides
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from costmodel.presets.hardware import HARDWARE
+from costmodel.presets.hf import model_from_hf_config
 from costmodel.presets.models import MODELS
 from costmodel.specs import HardwareSpec, ModelSpec
 
@@ -67,58 +67,3 @@ def resolve_hardware(value):
         base = _lookup(HARDWARE, str(value.pop("preset")), "hardware")
         return _with_overrides(base, value, HardwareSpec)
     return value
-
-
-def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config.json (Llama, Mistral/Mixtral, Qwen2/3(-MoE),
-    DeepSeek-V2/V3 field names)."""
-    if not path.is_file():
-        raise ValueError(f"hf_config file not found: {path}")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"hf_config {path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    cfg = cfg.get("text_config", cfg)
-
-    def need(*keys):
-        for k in keys:
-            if k in cfg:
-                return cfg[k]
-        raise ValueError(f"hf_config {path} lacks {' / '.join(keys)}")
-
-    act = str(cfg.get("hidden_act", "silu")).lower()
-    data = dict(
-        name=name or cfg.get("_name_or_path") or path.stem,
-        source=f"Hugging Face config {path.name}",
-        num_layers=need("num_hidden_layers", "n_layer"),
-        hidden_size=need("hidden_size", "n_embd"),
-        num_heads=need("num_attention_heads", "n_head"),
-        num_kv_heads=cfg.get("num_key_value_heads"),
-        head_dim=cfg.get("head_dim"),
-        ffn_hidden_size=cfg.get("intermediate_size") or 4 * need("hidden_size", "n_embd"),
-        vocab_size=need("vocab_size"),
-        activation="swiglu" if act in ("silu", "swish", "swiglu") else ("squared_relu" if "relu2" in act else "gelu"),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-    )
-    if cfg.get("kv_lora_rank"):
-        data["mla"] = dict(
-            q_lora_rank=cfg.get("q_lora_rank"),
-            kv_lora_rank=cfg["kv_lora_rank"],
-            qk_nope_head_dim=need("qk_nope_head_dim"),
-            qk_rope_head_dim=need("qk_rope_head_dim"),
-            v_head_dim=need("v_head_dim"),
-        )
-        data["num_kv_heads"] = None
-        data["head_dim"] = None
-    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
-    if experts:
-        data["moe"] = dict(
-            num_experts=experts,
-            top_k=need("num_experts_per_tok"),
-            expert_ffn_hidden_size=cfg.get("moe_intermediate_size") or data["ffn_hidden_size"],
-            num_shared_experts=cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0),
-            shared_expert_ffn_hidden_size=cfg.get("shared_expert_intermediate_size"),
-            first_dense_layers=cfg.get("first_k_dense_replace", 0),
-            max_nodes_per_token=cfg.get("topk_group") if cfg.get("n_group") else None,
-        )
-    return ModelSpec.model_validate(data)

@@ -67,6 +67,7 @@ _register(HardwareSpec(
     name="a100-80gb",
     source="NVIDIA A100 datasheet (SXM4 80GB); DGX A100 user guide; Selene network per Narayanan et al. 2021",
     peak_tflops={"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+    sm_count=108,  # A100 whitepaper: 108 SMs
     memory_mib=81920,  # nvidia-smi on A100-SXM4-80GB: 81,920 MiB
     memory_bandwidth_gb_per_s=2039,  # HBM2e
     host_memory_gb_per_node=2048,  # DGX A100: 2 TB
@@ -94,6 +95,7 @@ _register(HardwareSpec(
     name="h100-sxm",
     source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide; calibration.yaml hw.H100_SXM",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
+    sm_count=132,  # H100 SXM5 datasheet: 132 SMs
     memory_mib=81559,  # nvidia-smi on H100 80GB HBM3: 81,559 MiB
     memory_bandwidth_gb_per_s=3350,  # HBM3
     host_memory_gb_per_node=2048,  # DGX H100: 2 TB
@@ -109,6 +111,7 @@ _register(HardwareSpec(
     name="h800",
     source="NVIDIA H800 SXM (export variant of H100: same tensor peaks and HBM3, NVLink 400 GB/s bidirectional); calibration.yaml hw.H800",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
+    sm_count=132,  # as H100 SXM: 132 SMs
     memory_mib=81559,  # as H100 SXM (same HBM3 stack)
     memory_bandwidth_gb_per_s=3350,
     host_memory_gb_per_node=2048,
@@ -124,6 +127,7 @@ _register(HardwareSpec(
     name="h200",
     source="NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, H100 tensor peaks, NVLink 900 GB/s",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
+    sm_count=132,  # H200: the H100 SXM die, 132 SMs
     memory_mib=143771,  # nvidia-smi on H200: 143,771 MiB (141 GB)
     memory_bandwidth_gb_per_s=4800,
     host_memory_gb_per_node=2048,
@@ -139,6 +143,7 @@ _register(HardwareSpec(
     name="b200",
     source="NVIDIA DGX B200 datasheet: 1,440 GB GPU memory over 8 GPUs, 64 TB/s HBM3e, 72 PFLOPS fp8 training (dense 4.5 PF/GPU), NVLink5 1.8 TB/s; calibration.yaml hw.B200",
     peak_tflops={"bf16": 2250, "fp16": 2250, "fp8": 4500, "tf32": 1100, "fp32": 75},
+    sm_count=148,  # B200: 148 SMs (2 dies x 74)
     memory_mib=183359,  # nvidia-smi on DGX B200: 183,359 MiB (179 GiB of the nominal 180 GB)
     memory_bandwidth_gb_per_s=8000,
     host_memory_gb_per_node=4096,  # DGX B200: 4 TB

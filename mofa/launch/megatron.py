@@ -195,8 +195,6 @@ def megatron_script(plan: LaunchPlan) -> str:
         f"#   {plan.label()}",
         "# Run it on every node with NODE_RANK (0..NNODES-1) and MASTER_ADDR (node 0) set.",
     ]
-    if plan.model.mtp_layers:
-        lines.append(f"# The model trains {plan.model.mtp_layers} multi-token-prediction module(s) (--mtp-num-layers), which MoFa's step time does not cost.")
     lines += [
         "set -euo pipefail",
         f"NNODES={plan.num_nodes}",

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import PROBLEMS
 
-BREAKDOWN = {"compute", "tp", "cp", "ep", "fsdp", "pp", "bubble", "dp", "update", "offload"}
+BREAKDOWN = {"compute", "tp", "cp", "ep", "fsdp", "overhead", "pp", "bubble", "dp", "update", "offload"}
 MEMORY = {"peak", "params", "grads", "optimizer", "gathered_params", "activations", "optimizer_transient", "comm_buffers", "cuda_context", "fragmentation"}
 TOP = {"step_time_s", "breakdown_s", "memory_bytes", "memory_gib", "memory_capacity_bytes", "fits", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "ettr", "checkpoint_interval", "e2e_time_s", "config"}
 

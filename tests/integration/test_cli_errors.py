@@ -251,7 +251,7 @@ def test_anchors_and_merge_keys_still_work(tmp_path):
 # --------------------------------------------------------------------------------------
 # --version, --help, JSON provenance, pipes, Ctrl-C, --out
 # --------------------------------------------------------------------------------------
-COMMANDS = ("evaluate", "ettr", "solve", "compare", "calibrate", "validate")
+COMMANDS = ("evaluate", "ettr", "solve", "compare", "calibrate", "validate", "export")
 
 
 def test_version():

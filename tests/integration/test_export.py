@@ -155,7 +155,7 @@ def test_moe_mla_dense_first_layers_node_limited_routing_and_mtp():
     assert "model.moe_router_num_groups=8" in bridge_overrides(plan)
     # an EP group inside 4 nodes: a token can reach every node anyway, no routing groups
     assert not any("router-num-groups" in f for f in groups(plan_of(problem, tp=1, pp=16, ep=32, layer_split="uneven")))
-    assert "multi-token-prediction" in megatron_script(plan)  # said, since the step time does not cost it
+    assert "--mtp-num-layers" in megatron_script(plan)
     with pytest.raises(ExportError, match="mixed_precision_reduce is float32 only"):  # DeepSeek-V3 reduces gradients in bf16
         torchtitan_args(plan_of(problem, pp=16, ep=64, zero_stage=3, layer_split="uneven"))
     fp32_grads = problem.model_copy(update={"training": problem.training.model_copy(update={"dtypes": problem.training.dtypes.model_copy(update={"grads": "fp32"})})})

@@ -1,0 +1,136 @@
+"""The models people train now (issue 8): per-layer kinds from Hugging Face configs (Qwen3.5's
+hybrid Gated DeltaNet + attention, GPT-OSS's sliding windows, GPT-2's keys), MTP, and that
+every layer kind lands on the pipeline rank the framework puts it on."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from costmodel import architecture as arch
+from costmodel.configs import ConfigBatch
+from costmodel.evaluate import evaluate, kind_of_layers, model_kinds
+from costmodel.flops import attention_flops_per_token, layer_forward_flops_per_token, model_flops_per_token
+from costmodel.loader import ProblemError, build_problem
+from costmodel.pipeline import rank_classes
+from costmodel.presets import MODELS
+from costmodel.presets.hf import model_from_hf_config
+from costmodel.rules import violations
+
+DATA = ROOT / "tests" / "data"
+
+
+def qwen35():
+    return model_from_hf_config(DATA / "qwen3_5_35b_a3b_config.json")
+
+
+def test_qwen35_imports_with_its_hybrid_layout():
+    """Note 004 (model card, config.json): 40 layers, hidden 2048, 256 experts, 8 routed + 1
+    shared, 10 x (3 x Gated DeltaNet + 1 x attention) under text_config."""
+    m = qwen35()
+    assert (m.num_layers, m.hidden_size, m.moe.num_experts, m.moe.top_k, m.moe.num_shared_experts) == (40, 2048, 256, 8, 1)
+    types = [a for a, _ in m.layer_kinds()]
+    assert types == (["linear_attention"] * 3 + ["full_attention"]) * 10
+    assert all(mlp == "moe" for _, mlp in m.layer_kinds())
+    assert any("attn_output_gate" in n for n in m.notes) and any("vision_config" in n for n in m.notes)
+
+
+def test_qwen35_attention_flops_count_only_the_full_attention_layers():
+    m, s = qwen35(), 262144
+    full = attention_flops_per_token(m, s)
+    linear = attention_flops_per_token(m, s, attention="linear_attention")
+    assert full == pytest.approx(2.0 * s * 16 * (256 + 256))  # PaLM's full score matrix, 16 heads of 256
+    assert linear < full / 1000  # Gated DeltaNet: linear in the sequence
+    quadratic = sum(attention_flops_per_token(m, s, attention=a) for a, _ in m.layer_kinds()) - 30 * linear
+    assert quadratic == pytest.approx(10 * full)  # only the 10 full-attention layers pay s^2
+
+
+def test_qwen35_counts_the_shared_expert():
+    m = qwen35()
+    x = m.moe
+    with_shared = arch.active_matmul_params(m, ("full_attention", "moe"))
+    routed_only = with_shared - x.num_shared_experts * arch.mlp_params(m, x.shared_ffn)
+    assert with_shared - routed_only == 3 * 2048 * 512  # one SwiGLU shared expert of 512
+    assert arch.total_params(m) == pytest.approx(35e9, rel=0.05)  # the model card's 35B (language model)
+
+
+def test_gpt_oss_sliding_window_layers():
+    """GPT-OSS-120B: 36 layers alternating 128-token sliding-window and full attention; 116.8B
+    parameters (OpenAI's model card)."""
+    m = model_from_hf_config(DATA / "gpt_oss_120b_config.json")
+    assert m.sliding_window == 128 and m.layer_kinds()[0] == ("sliding_attention", "moe")
+    assert arch.total_params(m) == pytest.approx(116.8e9, rel=0.01)
+    s = 8192
+    sliding = attention_flops_per_token(m, s, attention="sliding_attention")
+    assert sliding == pytest.approx(2.0 * 128 * 64 * (64 + 64))  # each query sees 128 keys
+    causal = attention_flops_per_token(m, s, causal=True, attention="sliding_attention")
+    assert causal == pytest.approx(2.0 * s * 64 * 128 * (128 * 129 / 2 + (s - 128) * 128) / s**2)
+
+
+def test_gpt2_keys_and_unknown_keys_reported():
+    m = model_from_hf_config(DATA / "gpt2_config.json")
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.activation, m.norm, m.position_embedding) == (12, 768, 12, "gelu", "layernorm", "learned")
+    assert m.tied_embeddings and m.linear_bias
+    assert arch.total_params(m) == pytest.approx(124e6, rel=0.02)
+    assert m.notes == ["unknown keys, ignored: my_custom_key"]
+
+
+def test_malformed_config_json_is_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"num_hidden_layers": 4,')
+    with pytest.raises(ProblemError) as err:
+        build_problem({"model": {"hf_config": str(bad)}, "hardware": "h100-sxm", "cluster": {"num_gpus": 8, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 8, "seq_len": 1024}}, str(tmp_path / "p.yaml"))
+    assert err.value.field == "model" and "config.json is not valid JSON" in str(err.value) and "\n" not in str(err.value)
+
+
+def problem_for(model, gpus=64, **training):
+    data = {"model": model.model_dump(), "hardware": "h100-sxm", "cluster": {"num_gpus": gpus, "gpus_per_node": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, **training}}
+    return build_problem(data, str(ROOT / "p.yaml"))
+
+
+def test_every_layer_kind_lands_on_its_rank():
+    """Qwen3.5 on pp = 4: rank r holds layers 10r..10r+9 of the 3-linear-1-full pattern."""
+    m = qwen35()
+    cfg = ConfigBatch.from_columns(64, tp=2, pp=4, first_layers=10, last_layers=10)
+    kinds = model_kinds(m)
+    first, second, last = rank_classes(kind_of_layers(m), len(kinds), cfg)
+    full = kinds.index(("full_attention", "moe"))
+    expect = {0: 2, 1: 3, 3: 3}  # full-attention layers (index 3, 7, 11, ...): 3, 7 | 11, 15, 19 | 31, 35, 39
+    for rank, r in ((first, 0), (second, 1), (last, 3)):
+        assert float(sum(rank.counts)[0]) == 10
+        assert float(rank.counts[full][0]) == expect[r]
+
+
+def test_leading_dense_layers_stay_on_the_first_stages():
+    """DeepSeek-V3's 3 leading dense layers on pp = 16 with Megatron's uneven split (2 layers on
+    the first rank, 4 on the middle ones, 3 on the last): 2 on rank 0, the third on rank 1."""
+    m = MODELS["deepseek-v3"]
+    kinds = model_kinds(m)
+    dense = kinds.index(("full_attention", "dense"))
+    first, second, last = rank_classes(kind_of_layers(m), len(kinds), ConfigBatch.from_columns(1024, pp=16, first_layers=2, last_layers=3))
+    assert [float(r.counts[dense][0]) for r in (first, second, last)] == [2, 1, 0]
+    assert [float(sum(r.counts)[0]) for r in (first, second, last)] == [2, 4, 3]
+
+
+def test_mtp_adds_a_layer_and_a_loss_to_the_last_stage():
+    base = MODELS["deepseek-v3"].model_copy(update={"num_layers": 8, "mtp_layers": 0})
+    with_mtp = base.model_copy(update={"mtp_layers": 1})
+    assert arch.total_params(with_mtp) - arch.total_params(base) == arch.mtp_params(base)
+    assert model_flops_per_token(with_mtp, 4096) > model_flops_per_token(base, 4096) + 3 * layer_forward_flops_per_token(base, 4096, ("full_attention", "moe"))
+    cfg = dict(tp=1, pp=2, ep=8, etp=1, first_layers=4, last_layers=4, mbs=1)
+    evs = [evaluate(problem_for(m, gpus=64), ConfigBatch.from_columns(64, **cfg)) for m in (base, with_mtp)]
+    assert int(evs[1].worst_rank[0]) != 0  # the last rank (pp = 2: also the second) carries the MTP module
+    assert float(evs[1].memory_bytes["peak"][0]) > float(evs[0].memory_bytes["peak"][0])
+    assert float(evs[1].step_time_s[0]) > float(evs[0].step_time_s[0])
+
+
+def test_linear_attention_is_not_split_by_context_parallelism():
+    problem = problem_for(qwen35())
+    ok = ConfigBatch.from_columns(64, tp=2, cp=1, ep=8, etp=1, first_layers=40, last_layers=40)
+    bad = ConfigBatch.from_columns(64, tp=2, cp=2, ep=8, etp=1, first_layers=40, last_layers=40)
+    assert not violations(problem, ok)["cp_linear_attention"][0] and violations(problem, bad)["cp_linear_attention"][0]
+    ev = evaluate(problem, ok)
+    assert np.isfinite(ev.step_time_s[0]) and ev.memory_bytes["activations"][0] > 0
