@@ -174,6 +174,32 @@ class ConfigBatch:
         out["checkpoint_interval"] = interval if interval > 0 else "optimal"
         return out
 
+    def spec(self, i: int) -> ConfigSpec:
+        """Configuration i as a typed ConfigSpec with every choice explicit (the layer split
+        as first/last stage layers, the schedule, the interval): `from_specs` of it gives the
+        same row back."""
+        mode = RECOMPUTE_NAMES[int(self.recompute[i])]
+        schedule = PP_SCHEDULES[int(self.pp_schedule[i])]
+        cp_comm = CP_COMMS[int(self.cp_comm[i])]
+        zero = int(self.zero_stage[i])
+        interval = int(self.interval[i])
+        return ConfigSpec(
+            tp=int(self.tp[i]), cp=int(self.cp[i]), pp=int(self.pp[i]), vp=int(self.vp[i]), ep=int(self.ep[i]),
+            etp=int(self.etp[i]), mbs=int(self.mbs[i]), dp=int(self.dp[i]) or None,
+            first_stage_layers=int(self.first_layers[i]), last_stage_layers=int(self.last_layers[i]),
+            pp_schedule=schedule, pp_group=(int(self.pp_group[i]) or None) if schedule == "flexible" else None,
+            cp_comm=cp_comm, cp_a2a=(int(self.cp_a2a[i]) or None) if cp_comm == "a2a+p2p" else None,
+            zero_stage=zero, reshard_after_forward=bool(self.reshard_after_forward[i]) if zero == 3 else None,
+            dp_shard=int(self.dp_shard[i]) or None,
+            recompute=mode,
+            recompute_method=RECOMPUTE_METHOD_NAMES[int(self.recompute_method[i])] if mode == "full" else "uniform",
+            recompute_num_layers=int(self.recompute_layers[i]) if mode == "full" else None,
+            recompute_modules=names_of(self.recompute_modules[i], RECOMPUTE_MODULE_BITS) if mode == "selective" else None,
+            activation_offload=offload_setting(self.activation_offload[i]),
+            **{name: bool(getattr(self, name)[i]) for name in FEATURES},
+            checkpoint_interval=interval if interval > 0 else None,
+        )
+
     @staticmethod
     def concat(batches: list["ConfigBatch"]) -> "ConfigBatch":
         return ConfigBatch(**{f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(ConfigBatch)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from costmodel.configs import ConfigBatch
 from costmodel.evaluate import Evaluation, evaluate
 from costmodel.specs import Problem
 from optimizer.space import FEATURE_FIELDS, SKELETON_FIELDS
+
+if TYPE_CHECKING:
+    from mofa.launch.plan import LaunchPlan
 
 OBJECTIVES = ("step", "e2e")
 ORDER_FIELDS = SKELETON_FIELDS + FEATURE_FIELDS + ("interval",)
@@ -99,6 +103,7 @@ class SolveResult:
     space_size: int | None = None
     explanation: str | None = None
     stats: dict = field(default_factory=dict)
+    _entries: dict = field(default_factory=dict, repr=False, compare=False)  # id(problem) -> (problem, entries)
 
     @property
     def best_value(self) -> float | None:
@@ -114,12 +119,30 @@ class SolveResult:
             return None
         return max(0.0, (self.best_value - self.lower_bound) / self.best_value)
 
+    def entries(self, problem: Problem) -> list[tuple[dict, "LaunchPlan"]]:
+        """(the evaluation's dict, the launch plan) of each top configuration, best first,
+        from one evaluation. The plan is built from the typed row (ConfigBatch.spec), with the
+        checkpoint interval the evaluation chose: exporters read it, never the dict."""
+        from mofa.launch.plan import build_plan
+
+        if self.top_configs is None or not len(self.top_configs):
+            return []
+        cached = self._entries.get(id(problem))
+        if cached is not None and cached[0] is problem:
+            return cached[1]
+        ev = evaluate(problem, self.top_configs)
+        out = []
+        for i in range(len(self.top_configs)):
+            entry = ev.as_dict(i, self.top_configs)
+            out.append((entry, build_plan(problem, self.top_configs.spec(i), entry["checkpoint_interval"])))
+        self._entries[id(problem)] = (problem, out)
+        return out
+
+    def plans(self, problem: Problem) -> list["LaunchPlan"]:
+        return [plan for _, plan in self.entries(problem)]
+
     def as_dict(self, problem: Problem) -> dict:
-        top = []
-        if self.top_configs is not None and len(self.top_configs):
-            ev = evaluate(problem, self.top_configs)
-            for i in range(len(self.top_configs)):
-                top.append(ev.as_dict(i, self.top_configs))
+        top = [{**entry, "plan": plan.model_dump(mode="json")} for entry, plan in self.entries(problem)]
         return {
             "method": self.method,
             "objective_name": self.objective,

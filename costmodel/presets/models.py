@@ -50,6 +50,7 @@ _register(ModelSpec(
         first_dense_layers=3,  # "all FFNs except for the first three layers" are MoE
         max_nodes_per_token=4,  # node-limited routing, M = 4
     ),
+    mtp_layers=1,  # report 2.2: one MTP module (D = 1), costed on the last stage
 ))
 
 _register(ModelSpec(
@@ -113,6 +114,7 @@ _register(ModelSpec(
     ffn_hidden_size=12288,
     vocab_size=151936,
     moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536),
+    qk_layernorm=True,  # HF Qwen3MoeAttention: q_norm and k_norm
 ))
 
 _register(ModelSpec(

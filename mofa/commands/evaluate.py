@@ -28,5 +28,9 @@ def run(args) -> int:
     batch = ConfigBatch.from_specs(problem, [problem.config])
     result = evaluate(problem, batch).as_dict(0, batch)
     result = with_interval(problem, result)
+    if args.json:  # the typed launch plan `mofa export` reads
+        from mofa.launch.plan import build_plan
+
+        result["plan"] = build_plan(problem, batch.spec(0), result["checkpoint_interval"]).model_dump(mode="json")
     emit(stamped(result, args.problem) if args.json else result, args.json, render_evaluation(problem.name, result))
     return 0

@@ -28,7 +28,9 @@ def add_arguments(p) -> None:
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_json_option(p)
     p.add_argument("--out", metavar="DIR",
-                   help="write result.json, best.yaml, megatron_args.sh and bridge_overrides.txt here, replacing the folder's previous set (default: write nothing)")
+                   help="write result.json, best.yaml and the best configuration's launch files (megatron_launch.sh, bridge_overrides.txt, "
+                        "torchtitan_launch.sh, deepspeed_config.json; export_errors.txt says which formats were refused and why) here, "
+                        "replacing the folder's previous set (default: write nothing)")
 
 
 def run(args) -> int:
@@ -56,9 +58,11 @@ def run(args) -> int:
     out = stamped(finite(result.as_dict(problem)), args.problem)
     for entry in out["top"]:
         with_interval(problem, entry)
+    if out.get("best"):
+        out["exports"] = export_report(result.plans(problem)[0])
     if args.out:
         try:
-            write_outputs(problem, out, args.out)
+            write_outputs(problem, out, args.out, result.plans(problem))
         except OSError as exc:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
@@ -66,46 +70,58 @@ def run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(render_solve(problem, out))
+        if out.get("exports"):
+            print(render_exports(out["exports"]))
     return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
 
 
-#: every file `solve --out` may write; a folder holding only these can be replaced
-OUTPUT_FILES = ("result.json", "best.yaml", "megatron_args.sh", "bridge_overrides.txt", "export_errors.txt")
+#: every file `solve --out` may write (megatron_args.sh: earlier versions'); a folder holding only these can be replaced
+OUTPUT_FILES = ("result.json", "best.yaml", "megatron_launch.sh", "bridge_overrides.txt", "torchtitan_launch.sh",
+                "deepspeed_config.json", "export_errors.txt", "megatron_args.sh")
 
 
-def output_files(problem, out: dict) -> dict[str, str]:
-    """{file name: text} of the set `solve --out` writes for this result."""
+def render_exports(exports: dict) -> str:
+    lines = ["launch configs of the best configuration:"]
+    for fmt, what in exports.items():
+        lines.append(f"  {fmt}: " + (f"refused: {what['refused']}" if "refused" in what else what["file"]))
+    return "\n".join(lines)
+
+
+def export_report(plan) -> dict:
+    """{format: {"file": name} or {"refused": why}} for the best configuration's plan."""
+    from mofa.launch import FORMATS, export_all
+
+    _, refused = export_all(plan)
+    return {fmt: ({"refused": refused[fmt]} if fmt in refused else {"file": name}) for fmt, (name, _) in FORMATS.items()}
+
+
+def output_files(problem, out: dict, plans=None) -> dict[str, str]:
+    """{file name: text} of the set `solve --out` writes for this result: the launch files
+    come from the best configuration's typed plan (`plans`, best first; else the plan the
+    result stores), never from its printed dict."""
     import yaml
 
-    from mofa.export import ExportError, bridge_overrides, megatron_args
+    from mofa.launch import export_all
+    from mofa.launch.plan import LaunchPlan
 
     files = {"result.json": json.dumps(out, indent=2) + "\n"}
     best = out.get("best")
     if not best:
         return files
+    plan = plans[0] if plans else LaunchPlan.model_validate(best["plan"])
     config = dict(best["config"])
     if best.get("checkpoint_interval") is not None:
         config["checkpoint_interval"] = best["checkpoint_interval"]  # the interval eq. 44 chose
     keep = {k: v for k, v in config.items() if k not in ("dp",)}
     files["best.yaml"] = yaml.safe_dump({"config": keep}, sort_keys=False)
-    errors = []
-    try:
-        env, flags = megatron_args(problem, config)
-        lines = ["#!/usr/bin/env bash", "# Megatron-LM launch flags chosen by `mofa solve`", *[f"export {k}={v}" for k, v in env.items()], "MEGATRON_ARGS=("]
-        lines += [f"  {flag}" for flag in flags] + [")", 'echo "${MEGATRON_ARGS[@]}"', ""]
-        files["megatron_args.sh"] = "\n".join(lines)
-    except ExportError as exc:
-        errors.append(f"megatron: {exc}")
-    try:
-        files["bridge_overrides.txt"] = "\n".join(bridge_overrides(problem, config)) + "\n"
-    except ExportError as exc:
-        errors.append(f"bridge: {exc}")
-    if errors:
-        files["export_errors.txt"] = "\n".join(errors) + "\n"
+    exported, refused = export_all(plan)
+    files.update(exported)
+    if refused:
+        files["export_errors.txt"] = "".join(f"{fmt}: {why}\n" for fmt, why in refused.items())
     return files
 
 
-def write_outputs(problem, out: dict, directory: str) -> None:
+def write_outputs(problem, out: dict, directory: str, plans=None) -> None:
     """Replace the folder's set of files as a whole: a run killed at any moment leaves the
     previous set or this one, and no file of an earlier run this one did not write."""
-    write_file_set(directory, output_files(problem, out), owned=OUTPUT_FILES)
+    write_file_set(directory, output_files(problem, out, plans), owned=OUTPUT_FILES)

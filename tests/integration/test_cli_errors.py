@@ -251,7 +251,7 @@ def test_anchors_and_merge_keys_still_work(tmp_path):
 # --------------------------------------------------------------------------------------
 # --version, --help, JSON provenance, pipes, Ctrl-C, --out
 # --------------------------------------------------------------------------------------
-COMMANDS = ("evaluate", "ettr", "solve", "compare", "calibrate", "validate")
+COMMANDS = ("evaluate", "ettr", "solve", "compare", "calibrate", "validate", "export")
 
 
 def test_version():
@@ -390,10 +390,12 @@ def test_solve_out_replaces_a_stale_set_and_refuses_other_files(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "export_errors.txt").write_text("megatron: from an older run\n")
+    (out / "megatron_args.sh").write_text("# an earlier version's name\n")
     (out / "result.json").write_text("{}")
     result = run("solve", problem, "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["best.yaml", "bridge_overrides.txt", "megatron_args.sh", "result.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["best.yaml", "bridge_overrides.txt", "export_errors.txt", "megatron_launch.sh", "result.json"]
+    assert "older run" not in (out / "export_errors.txt").read_text()
     (out / "notes.md").write_text("mine")
     result = run("solve", problem, "--out", str(out))
     assert result.returncode == 2 and result.stdout == ""

@@ -150,8 +150,12 @@ def test_solve_json_contract_and_determinism(tmp_path):
         a.pop(volatile), b.pop(volatile)
     assert a == b
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["best.yaml", "bridge_overrides.txt", "megatron_args.sh", "result.json"]
+    # the best (ZeRO-3 with layer offload) runs on Megatron; torchtitan and DeepSpeed refuse it, and say why
+    assert files == ["best.yaml", "bridge_overrides.txt", "export_errors.txt", "megatron_launch.sh", "result.json"]
     assert json.loads((tmp_path / "out" / "result.json").read_text())["objective"] == a["objective"]
+    errors = (tmp_path / "out" / "export_errors.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in errors] == ["torchtitan", "deepspeed"]
+    assert a["exports"]["torchtitan"]["refused"] in errors[0] and a["exports"]["megatron"] == {"file": "megatron_launch.sh"}
 
 
 def test_solve_reports_infeasible_with_exit_code_1():

@@ -22,9 +22,11 @@ def test_llama3_405b_parameter_count():
 
 
 def test_deepseek_v3_parameter_counts():
-    """DeepSeek-V3 report: 671B total, 37B activated per token (main model, MTP excluded)."""
+    """DeepSeek-V3 report: 671B total, 37B activated per token (main model, MTP excluded); the
+    Hugging Face card: 685B with the 14B MTP module."""
     m = MODELS["deepseek-v3"]
-    assert arch.total_params(m) == pytest.approx(671e9, rel=0.01)
+    assert arch.total_params(m) - m.mtp_layers * arch.mtp_params(m) == pytest.approx(671e9, rel=0.01)
+    assert arch.total_params(m) == pytest.approx(685e9, rel=0.01)
     active = m.num_dense_layers * arch.active_matmul_params(m, False) + m.num_moe_layers * arch.active_matmul_params(m, True)
     active += 2 * m.vocab_size * m.hidden_size
     assert active == pytest.approx(37e9, rel=0.03)
