@@ -153,6 +153,9 @@ def predict(point: Point, hw: HardwareSpec, configs: dict) -> tuple[float, bool]
 def point_result(point: Point, hw: HardwareSpec, cfg, chosen: dict) -> PointResult:
     """The prediction for one point with its resolved configuration, as calibrate and validate
     report it."""
+    if cfg is None:  # no admissible configuration: nothing to predict
+        return PointResult(point.name, point.hardware, point.step_time_s(), math.nan, {}, point.measured.fit, fits=False,
+                           source=point.source, unexplained=chosen.get(UNEXPLAINED), measured_peak_gib=point.measured.peak_memory_gib)
     ev = evaluate_point(point, hw, cfg)
     return PointResult(
         point.name, point.hardware, point.step_time_s(), float(ev.step_time_s[0]),
@@ -177,6 +180,24 @@ def starting_hardware(point: Point) -> HardwareSpec:
     return hw
 
 
+#: knobs that set one attention implementation's efficiency
+IMPL_KNOBS = {"attention_te": "te", "attention_sdpa": "sdpa", "attention_triton": "triton"}
+
+
+def bears_on(point: Point, knob: str, knobs: tuple[str, ...]) -> bool:
+    """Whether a knob can change the point's prediction: an implementation's attention curve
+    only its runs, the generic attention curve the runs whose implementation has no knob of its
+    own, fp8 GEMM efficiency only fp8 runs; every other knob all runs."""
+    tr = point.problem.training
+    if knob in IMPL_KNOBS:
+        return tr.attention_impl == IMPL_KNOBS[knob]
+    if knob == "attention":
+        return tr.attention_impl is None or f"attention_{tr.attention_impl}" not in knobs
+    if knob == "fp8_gemm":
+        return tr.dtypes.compute == "fp8"
+    return True
+
+
 def _fit(points: list[Point], starts: dict, knobs: tuple[str, ...], configs: dict, start: np.ndarray | None = None) -> np.ndarray:
     lo = np.array([KNOBS[k][1] for k in knobs])
     hi = np.array([KNOBS[k][2] for k in knobs])
@@ -186,9 +207,19 @@ def _fit(points: list[Point], starts: dict, knobs: tuple[str, ...], configs: dic
     x0 = np.clip(start if start is not None else prior, lo + 1e-6, hi - 1e-6)
     measured = np.array([p.step_time_s() for p in points])
 
+    used = {p.name: tuple(i for i, k in enumerate(knobs) if bears_on(p, k, knobs)) for p in points}
+    memo: dict[tuple, float] = {}
+
+    def predicted(p, x) -> float:
+        # a point is re-evaluated only when a knob that bears on it moved (finite differences
+        # perturb one knob at a time; most knobs touch a subset of the points)
+        key = (p.name, *(float(x[i]) for i in used[p.name]))
+        if key not in memo:
+            memo[key] = predict(p, apply(starts[p.name], {knobs[i]: x[i] for i in used[p.name]}), configs)[0]
+        return memo[key]
+
     def residuals(x):
-        values = dict(zip(knobs, x))
-        pred = np.array([predict(p, apply(starts[p.name], values), configs)[0] for p in points])
+        pred = np.array([predicted(p, x) for p in points])
         # a weak prior toward the profile's documented defaults: a knob only one point informs
         # stays near its default instead of absorbing that point's idiosyncrasies
         # (an exponent defaults to 0: its prior is on the value itself)

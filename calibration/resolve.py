@@ -8,6 +8,7 @@ from calibration.data import Point
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.layout import layout_name
+from costmodel.rules import config_violations
 from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
 from costmodel.units import GIB
 from optimizer.exhaustive import solve_exhaustive
@@ -16,11 +17,12 @@ from optimizer.exhaustive import solve_exhaustive
 UNEXPLAINED = "unexplained"
 
 
-def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch, dict]:
+def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch | None, dict]:
     """(the configuration to score, the values chosen for the unknown fields). A point the
     model cannot explain -- its stated configuration does not fit the memory estimate, or no
     admissible value of its unknown fields fits -- says so under the key UNEXPLAINED; its
-    configuration is returned for display only and is never scored into an accuracy figure."""
+    configuration (None when no admissible one exists) is returned for display only and is never
+    scored into an accuracy figure."""
     problem = point.problem if hardware is None else point.problem.model_copy(update={"hardware": hardware})
     known: ConfigSpec = problem.config
     if not point.unknown:
@@ -82,7 +84,9 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
         roomy = sub.hardware.model_copy(update={"memory_mib": 2**40, "host_memory_gb_per_node": 1e12})
         unlimited = solve_exhaustive(sub.model_copy(update={"hardware": roomy}), "step", 1)
         if unlimited.top_configs is None:
-            return fixed, {UNEXPLAINED: "no value of the unknown fields is admissible under the stated ones"}
+            broken = config_violations(problem, known)
+            why = f" (with them at their defaults: {'; '.join(f'{f}: {m}' for f, m in broken)})" if broken else ""
+            return None, {UNEXPLAINED: f"no value of the unknown fields is admissible under the stated ones{why}"}
         peak = float(evaluate(sub.model_copy(update={"hardware": roomy}), unlimited.top_configs.take([0])).memory_bytes["peak"][0])
         return unlimited.top_configs.take([0]), {
             UNEXPLAINED: f"no value of the unknown fields fits the model's memory estimate (the fastest needs {peak / GIB:.1f} of {sub.hardware.memory_bytes / GIB:.1f} GiB)"

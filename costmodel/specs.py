@@ -147,6 +147,13 @@ class ModelSpec(Spec):
         mlp = ["dense" if i < x.first_dense_layers or i in dense or (i + 1) % x.sparse_step else "moe" for i in range(self.num_layers)]
         return list(zip(attention, mlp))
 
+    def kind_counts(self) -> dict[tuple[str, str], int]:
+        """How many layers of each kind (sums over layers take a kind's value times its count)."""
+        counts: dict[tuple[str, str], int] = {}
+        for kind in self.layer_kinds():
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
     def kinds(self) -> list[tuple[str, str]]:
         """The distinct layer kinds, in order of first appearance."""
         return list(dict.fromkeys(self.layer_kinds()))

@@ -170,7 +170,8 @@ def render_validation(out: dict) -> str:
 
     rows = [[r["name"], r["hardware"], "yes" if r["fitted"] else "no", r["measured_step_s"], r["predicted_step_s"],
              "unexplained" if r["unexplained"] else pct(r["error_pct"]),
-             "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.1f}", f"{r['predicted_peak_gib']:.1f}",
+             "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.1f}",
+             "-" if r["predicted_peak_gib"] is None else f"{r['predicted_peak_gib']:.1f}",
              ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
             for r in out["points"]]
     lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas GiB", "pred GiB", "unknowns resolved"], rows, "lllrrrrrl"), ""]
