@@ -47,7 +47,7 @@ PROBLEM = "problem.json"
 #: the files of a run folder (a folder holding only these may be replaced)
 RUN_FILES = OUTPUT_FILES + (MARKER, FAILED, PROBLEM)
 #: what may sit at the top of a batch folder (anything else: it is not a batch folder)
-BATCH_ENTRIES = (MANIFEST, RUNS, SUMMARY)
+BATCH_ENTRIES = (MANIFEST, RUNS, SUMMARY, "report")
 
 
 @dataclass(frozen=True)
