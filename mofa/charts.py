@@ -171,7 +171,7 @@ def memory_chart(runs: list[Run]):
         bottom = [b + v for b, v in zip(bottom, values)]
     data["peak_gib"] = [r.best["memory_gib"]["peak"] for r in runs]
     ax.hlines(data["capacity_gib"], [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linestyles="--", label="capacity")
-    ax.set_xticks(x, [_short(r.name) for r in runs], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(x, _labels([r.name for r in runs]), rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("GiB per GPU (worst rank)")
     ax.set_title("Memory of each run's best configuration")
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -185,6 +185,7 @@ def waterfall_chart(runs: list[Run]):
     if not runs:
         return None
     fig, axes = _grid(len(runs))
+    short = dict(zip([r.name for r in runs], _labels([r.name for r in runs])))
     data = {}
     for ax, r in zip(axes, runs):
         parts = [(k, r.best["breakdown_s"][k]) for k in TIME_PARTS if r.best["breakdown_s"].get(k)]
@@ -204,7 +205,7 @@ def waterfall_chart(runs: list[Run]):
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("seconds")
-        ax.set_title(_short(r.name), fontsize=8)
+        ax.set_title(short[r.name], fontsize=8)
         data[r.name] = {"terms_s": dict(parts), "step_time_s": step}
     fig.suptitle("Step-time waterfall (best configuration)")
     fig.tight_layout()
@@ -237,10 +238,11 @@ def heatmap_charts(runs: list[Run]) -> list[tuple[str, bytes, dict]]:
 
         values = np.array([[np.nan if v is None else v for v in row] for row in grid])
         im = ax.imshow(values, cmap="viridis", aspect="auto", origin="lower")
+        middle = (np.nanmin(values) + np.nanmax(values)) / 2
         for i in range(len(seqs)):
             for j in range(len(gbss)):
                 if grid[i][j] is not None:
-                    ax.text(j, i, f"{grid[i][j]:,.0f}", ha="center", va="center", color="white", fontsize=8)
+                    ax.text(j, i, f"{grid[i][j]:,.0f}", ha="center", va="center", color="black" if grid[i][j] > middle else "white", fontsize=8)
         ax.set_xticks(range(len(gbss)), gbss)
         ax.set_yticks(range(len(seqs)), seqs)
         ax.set_xlabel("global batch (sequences)")
@@ -260,6 +262,7 @@ def topk_chart(runs: list[Run]):
     if not runs:
         return None
     fig, axes = _grid(len(runs))
+    short = dict(zip([r.name for r in runs], _labels([r.name for r in runs])))
     data = {}
     for ax, r in zip(axes, runs):
         top = r.result["top"]
@@ -271,7 +274,7 @@ def topk_chart(runs: list[Run]):
         lo = min(steps)
         ax.set_xlim(lo * 0.97, max(steps) * 1.01)
         ax.set_xlabel("step time (s)")
-        ax.set_title(_short(r.name), fontsize=8)
+        ax.set_title(short[r.name], fontsize=8)
         data[r.name] = {"step_time_s": steps, "labels": [lab.replace("\n", "; ") for lab in labels]}
     fig.suptitle("Top-K configurations of each run")
     fig.tight_layout()
@@ -302,12 +305,13 @@ def ettr_interval_chart(runs: list[Run], max_lines: int = 8):
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    short = dict(zip([r.name for r, _ in chosen], _labels([r.name for r, _ in chosen])))
     data = {}
     for r, (rate, u_b, save, nodes, step, _) in chosen:
         best = int(optimal_interval(np.array([step]), rate, u_b, save)[0])
         intervals = np.unique(np.geomspace(1, max(50 * best, 100), 200).astype(int))
         ettr = steady_state_ettr(np.full(intervals.shape, step), intervals, rate, u_b, save)
-        line, = ax.plot(intervals, ettr, label=_short(r.name), linewidth=1.2)
+        line, = ax.plot(intervals, ettr, label=short[r.name], linewidth=1.2)
         at = float(steady_state_ettr(np.array([step]), best, rate, u_b, save)[0])
         ax.plot([best], [at], "o", color=line.get_color())
         data[r.name] = {"interval_steps": intervals.tolist(), "ettr": ettr.tolist(), "optimal_interval_steps": best, "ettr_at_optimum": at}
@@ -332,13 +336,14 @@ def ettr_nodes_chart(runs: list[Run], max_lines: int = 8):
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    short = dict(zip([r.name for r, _ in chosen], _labels([r.name for r, _ in chosen])))
     data = {}
     for r, (_, u_b, save, nodes, step, per_node_day) in chosen:
         counts = np.unique(np.geomspace(1, max(64 * nodes, 1024), 60).astype(int))
         rates = failure_rate_per_s(counts, per_node_day)
         intervals = np.array([optimal_interval(np.array([step]), rate, u_b, save)[0] for rate in rates])
         ettr = steady_state_ettr(np.full(counts.shape, step), intervals, rates, u_b, save)
-        line, = ax.plot(counts, ettr, label=_short(r.name), linewidth=1.2)
+        line, = ax.plot(counts, ettr, label=short[r.name], linewidth=1.2)
         here = float(steady_state_ettr(np.array([step]), optimal_interval(np.array([step]), failure_rate_per_s(nodes, per_node_day), u_b, save), failure_rate_per_s(nodes, per_node_day), u_b, save)[0])
         ax.plot([nodes], [here], "o", color=line.get_color())
         data[r.name] = {"nodes": counts.tolist(), "ettr": ettr.tolist(), "run_nodes": nodes, "ettr_at_run_nodes": here}
@@ -415,6 +420,17 @@ def supernode_ep_chart(runs: list[Run]):
 
 def _short(name: str, limit: int = 48) -> str:
     return name if len(name) <= limit else name[: limit - 3] + "..."
+
+
+def _labels(names: list[str]) -> list[str]:
+    """Axis labels: the runs' names without the prefix they all share (a sweep's base name),
+    so the part that differs is what shows."""
+    if len(names) > 1:
+        prefix = os.path.commonprefix(names)
+        cut = prefix.rfind("_") + 1
+        if cut and all(len(n) > cut for n in names):
+            names = [n[cut:] for n in names]
+    return [_short(n) for n in names]
 
 
 # --------------------------------------------------------------------------------------
