@@ -228,8 +228,8 @@ def heatmap_charts(runs: list[Run]) -> list[tuple[str, bytes, dict]]:
     for key, group in groups.items():
         seqs = sorted({r.get("seq_len") for r in group})
         gbss = sorted({r.get("global_batch_size") for r in group})
-        if len(seqs) < 2 or len(gbss) < 2:
-            continue
+        if len(seqs) < 2 or len(gbss) < 2 or len({(r.get("seq_len"), r.get("global_batch_size")) for r in group}) < len(seqs) * len(gbss):
+            continue  # a sweep of both fills the grid; two unrelated runs would make a diagonal
         grid = [[None] * len(gbss) for _ in seqs]
         for r in group:
             grid[seqs.index(r.get("seq_len"))][gbss.index(r.get("global_batch_size"))] = r.best["tokens_per_s_per_gpu"]
@@ -466,6 +466,9 @@ def build_report(runs: list[Run]) -> tuple[dict[str, str | bytes], dict]:
     for name, png, data in heatmaps:
         files[name], plotted[name] = png, data
         sections.append(f"## Throughput: {data['title']}\n\n![tokens/s per GPU over sequence length and global batch]({name})\n")
+    hidden = solved(runs)[MAX_PANELS:]
+    if hidden:
+        skipped.append(f"Waterfall and top-K panels of {len(hidden)} runs past the first {MAX_PANELS}: " + ", ".join(r.name for r in hidden))
     files["report.md"] = _markdown(runs, sections, skipped)
     files["plots.json"] = json.dumps(plotted, indent=1, allow_nan=False) + "\n"
     return files, plotted

@@ -205,3 +205,29 @@ def test_report_on_a_batch(tmp_path):
         assert panel["step_time_s"] == [t["step_time_s"] for t in results[name]["top"]]
     assert "Supernode size and the best EP" in (report / "report.md").read_text()  # listed as not drawn, with why
     assert "broken" in (report / "report.md").read_text()
+
+
+def test_sensitivity_moves_one_variable_at_a_time(tmp_path):
+    from costmodel.loader import load_problem
+    from mofa.commands.sensitivity import metrics
+
+    path = tmp_path / "fixed.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "config": {"tp": 2, "pp": 1, "mbs": 1}}))
+    result = mofa("sensitivity", str(path), "--vary", "tp,seq,mbs", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["base_config"]["tp"] == 2
+    variants = {r["variant"]: r for r in out["variants"]}
+    assert set(variants) == {"tp=1 (base 2)", "tp=4 (base 2)", "seq=2048 (base 4096)", "seq=8192 (base 4096)", "mbs=2 (base 1)"}
+    assert variants["tp=4 (base 2)"]["rejected"] is None and variants["tp=4 (base 2)"]["delta_comm_share"] > 0  # more TP, more TP traffic
+    # each variant's figures are the exact model's for that configuration
+    evaluated = json.loads(mofa("evaluate", str(path), "--set", "tp=1", "--json").stdout)
+    expected = metrics(evaluated)
+    row = variants["tp=1 (base 2)"]
+    assert row["step_time_s"] == expected["step_time_s"] and row["headroom_gib"] == expected["headroom_gib"] and row["mfu"] == expected["mfu"]
+    assert row["delta_step_time_s"] == pytest.approx(row["step_time_s"] - out["base"]["step_time_s"], rel=1e-12)
+    longer = variants["seq=8192 (base 4096)"]
+    assert longer["step_time_s"] > out["base"]["step_time_s"] and longer["headroom_gib"] < out["base"]["headroom_gib"]
+    assert load_problem(str(path)).config.tp == 2
+    bad = mofa("sensitivity", str(path), "--vary", "tp,zz")
+    assert bad.returncode == 2 and "zz" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
