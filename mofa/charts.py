@@ -403,10 +403,11 @@ def supernode_ep_chart(runs: list[Run]):
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     data = {}
     for (model, hardware), group in groups.items():
-        for sn in sorted({r.get("supernode_size") or 0 for r in group}):
+        for k, sn in enumerate(sorted({r.get("supernode_size") or 0 for r in group})):
             pts = sorted((r.get("num_gpus"), r.best["config"]["ep"]) for r in group if (r.get("supernode_size") or 0) == sn)
             label = f"{model} on {hardware}, supernode {sn or 'none'}"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+            # equal answers would hide one line under the other: alternate marker and dash
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ("o-", "s--", "^:")[k % 3], label=label, markersize=9 - 3 * (k % 3), alpha=0.85)
             data[label] = {"num_gpus": [p[0] for p in pts], "best_ep": [p[1] for p in pts]}
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
