@@ -55,6 +55,8 @@ class Evaluation:
     mfu: np.ndarray
     hfu: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
+    tokens_per_s: np.ndarray
+    model_flops_per_step: float  # the MFU numerator (costmodel.flops: PaLM's convention)
     checkpoint_save_s: float | None
     pp_without_overlap_s: np.ndarray  # for search bounds: PP exposure without overlap,
     pp_overlap_floor_s: np.ndarray  # and the part that overlap cannot hide
@@ -84,6 +86,8 @@ class Evaluation:
             "mfu": float(self.mfu[i]),
             "hfu": float(self.hfu[i]),
             "tokens_per_s_per_gpu": float(self.tokens_per_s_per_gpu[i]),
+            "tokens_per_s": float(self.tokens_per_s[i]),
+            "model_flops_per_step": self.model_flops_per_step,
             "checkpoint_save_s": self.checkpoint_save_s,
             "ettr": float(self.ettr[i]) if ft else None,
             "checkpoint_interval": int(self.checkpoint_interval[i]) if ft else None,
@@ -383,6 +387,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         mfu=model_flops / (step * G * peak_flops),
         hfu=hw_flops / (step * G * peak_flops),
         tokens_per_s_per_gpu=tokens / (step * G),
+        tokens_per_s=tokens / step,
+        model_flops_per_step=float(model_flops),
         checkpoint_save_s=save_s,
         pp_without_overlap_s=pipe.pp_without_overlap,
         pp_overlap_floor_s=pipe.pp_overlap_floor,
