@@ -369,7 +369,12 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
                 gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
                 gathers_b = np.where(freed, micro, 0.0)
                 f_layer = layer_forward / layers
-                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, 2.0 * f_layer, moe)
+                # the backward prefetch hides behind the layer's own backward (with its recompute
+                # and exposed communication), not a multiple of the forward: a feature that
+                # shortens the forward must not shrink the backward window by more than it saves
+                layer_both = sum(both(key) for key in ("compute", "recompute", "tp", "cp", "ep")) + (both("offload") if x.any_offload else 0.0)
+                b_layer = layer_both / layers - f_layer
+                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
             fsdp = fsdp / micro
         parts["fsdp"].append(fsdp)
         parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
