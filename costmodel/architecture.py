@@ -44,6 +44,7 @@ class Shard:
     b: np.ndarray  # micro-batch size
     seq: int
     sp: bool = True  # sequence parallelism: the residual stream is sharded over TP
+    chunks: np.ndarray | float = 1.0  # MemFine FCDA: token chunks of each MoE layer's dispatch / experts / combine
 
     @property
     def tokens(self) -> np.ndarray:
@@ -127,6 +128,10 @@ SAVED_TAGS: dict[str, SavedTag] = {
 }
 
 
+#: the saved tensors of the routed experts, proportional to s' (split by MemFine's FCDA)
+CHUNKED = ("expert_input", "expert_fc1_out", "expert_act_out", "expert_output")
+
+
 @dataclass(frozen=True)
 class LayerWork:
     """Forward work of one layer on one GPU for one micro-batch."""
@@ -143,6 +148,14 @@ class LayerWork:
     params_local: np.ndarray  # parameters this GPU holds for the layer
     expert_params_local: np.ndarray = field(default_factory=lambda: np.zeros(1))
     attention_class: str = "attention"  # the operator class of its attention core (efficiency curve)
+    ep_chunks: np.ndarray | float = 1.0  # all-to-alls per dispatch (and per combine): MemFine's FCDA chunks
+    ep_buffer_bytes: np.ndarray | float = 0.0  # the combine's receive buffer: this rank's own token copies (one chunk's)
+
+    @property
+    def chunked_bytes(self) -> np.ndarray:
+        """The saved tensors proportional to s', the tokens the rank's experts receive (MemFine
+        Table 2 rows 11-13 and the SwiGLU output): what FCDA splits into chunks."""
+        return sum((self.saved[k] for k in CHUNKED if k in self.saved), 0.0 * self.input_bytes)
 
     @property
     def saved_bytes(self) -> np.ndarray:
@@ -439,10 +452,14 @@ def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str, modules: tuple[st
     return gemms, saved, act
 
 
-def layer_work(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, kind: Kind) -> LayerWork:
-    """The work of a layer of this kind (attention type, MLP type)."""
-    attention, mlp = kind
-    return (moe_layer if mlp == "moe" else dense_layer)(m, tr, sh, D, attention)
+def layer_work(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, kind: tuple) -> LayerWork:
+    """The work of a layer of this kind: (attention type, MLP type), and for MoE layers whose
+    routing imbalance varies with depth the band of relative MoE depth they lie in
+    ((lo, hi), 0 = the first MoE layer, 1 = the last; see `imbalance_factor`)."""
+    attention, mlp = kind[:2]
+    if mlp == "moe":
+        return moe_layer(m, tr, sh, D, attention, kind[2] if len(kind) > 2 else (0.0, 1.0))
+    return dense_layer(m, tr, sh, D, attention)
 
 
 def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
@@ -474,14 +491,43 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: st
     )
 
 
-def routed_tokens(m: ModelSpec, tr: TrainingSpec, sh: Shard) -> np.ndarray:
-    """Token copies an expert GPU processes in one MoE layer: its SP share routed top-k ways,
-    gathered over the expert-TP group, times the routing imbalance (MemFine's s')."""
-    return sh.tokens_sp * m.moe.top_k * sh.etp * tr.moe_routing_imbalance
+def worst_case_factor(m: ModelSpec, sh: Shard) -> np.ndarray:
+    """The largest s' / balanced share there is (MemFine eq. 2, s' -> e*s): every token of the
+    EP group routed to this rank, with min(top_k, local experts) of its copies each (a token
+    picks top_k distinct experts), against top_k copies of its own tokens when balanced."""
+    x = m.moe
+    return sh.e * np.minimum(x.top_k, x.num_experts / sh.e) / x.top_k
 
 
-def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
-    """MoE layer as Megatron-Core runs it (alltoall dispatcher, grouped GEMM).
+def imbalance_factor(m: ModelSpec, tr: TrainingSpec, sh: Shard, depth: tuple[float, float] = (0.0, 1.0)) -> np.ndarray:
+    """s' / balanced share of the busiest EP rank in the MoE layers at relative depths `depth`
+    (lo, hi): the profile of training.moe (linear from the first MoE layer to the last, each end
+    capped at the worst case, 'worst' = the worst case), its largest value over the band (the
+    band's worst layer), bounded by the capacity factor when tokens are dropped."""
+    worst = worst_case_factor(m, sh)
+    first, last = (np.minimum(end, worst) for end in tr.moe.ends())
+    lo, hi = depth
+    factor = np.maximum(first + (last - first) * lo, first + (last - first) * hi)
+    if tr.moe.capacity_factor is not None:
+        factor = np.minimum(factor, tr.moe.capacity_factor)
+    return factor
+
+
+def routed_tokens(m: ModelSpec, tr: TrainingSpec, sh: Shard, depth: tuple[float, float] = (0.0, 1.0)) -> np.ndarray:
+    """Token copies the busiest expert GPU processes in one MoE layer (MemFine's s'): its SP share
+    routed top-k ways, gathered over the expert-TP group, times the routing imbalance."""
+    return sh.tokens_sp * m.moe.top_k * sh.etp * imbalance_factor(m, tr, sh, depth)
+
+
+def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention", depth: tuple[float, float] = (0.0, 1.0)) -> LayerWork:
+    """MoE layer as Megatron-Core runs it (alltoall or DeepEP dispatcher, grouped GEMM), on the
+    busiest EP rank: the slowest rank sets the pace of the all-to-alls, so its tokens s' size the
+    expert GEMMs, the permutes and the volume it receives.
+
+    MemFine's FCDA (sh.chunks = c > 1): dispatch, expert computation and combine run c times on
+    1/c of the tokens each: the grouped GEMMs at 1/c of the rows (their efficiency at that
+    shape), c times the kernels and all-to-alls (latency), and one chunk's expert tensors alive
+    at a time (see layer.kind_costs for the chunked recompute).
 
     Saved tensors match MemFine Table 2 (norm, q/k/v, o, router input and logits, permuted
     tokens, expert FC1 output, expert output before the probability-weighted combine) plus
@@ -491,7 +537,8 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
     at = attention_block(m, tr, sh, D, attention)
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
     E_local = x.num_experts / sh.e
-    recv = routed_tokens(m, tr, sh)
+    recv = routed_tokens(m, tr, sh, depth)
+    chunks = sh.chunks + 0.0 * T
     ffn_local = x.expert_ffn_hidden_size / sh.etp
 
     saved = dict(at["saved"])
@@ -501,16 +548,16 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
     gemms.append(Gemm("router", Tsp, np.full_like(T, x.num_experts), np.full_like(T, h), modules=("moe",)))
     gated = m.activation == "swiglu"
     fc1_out = (2 if gated else 1) * ffn_local
-    per_expert = recv / E_local
-    gemms.append(Gemm("expert_fc1", per_expert, fc1_out, np.full_like(T, h), "grouped_gemm", E_local, ("moe",)))
-    gemms.append(Gemm("expert_fc2", per_expert, np.full_like(T, h), ffn_local, "grouped_gemm", E_local, ("moe",)))
+    per_expert = recv / E_local / chunks
+    gemms.append(Gemm("expert_fc1", per_expert, fc1_out, np.full_like(T, h), "grouped_gemm", E_local * chunks, ("moe",)))
+    gemms.append(Gemm("expert_fc2", per_expert, np.full_like(T, h), ffn_local, "grouped_gemm", E_local * chunks, ("moe",)))
     saved["expert_input"] = D * recv * h
     saved["expert_fc1_out"] = D * recv * fc1_out
     saved["expert_act_out"] = D * recv * ffn_local
     saved["expert_output"] = D * recv * h
     ops = at["ops"] + [
-        MemoryOp("expert_activation", D * recv * (fc1_out + ffn_local), ("moe_act", "moe")),
-        MemoryOp("permute", 4 * D * recv * h, ("moe",), kernels=2.0),  # permute and unpermute (read + write each)
+        MemoryOp("expert_activation", D * recv * (fc1_out + ffn_local), ("moe_act", "moe"), kernels=chunks),
+        MemoryOp("permute", 4 * D * recv * h, ("moe",), kernels=2.0 * chunks),  # permute and unpermute (read + write each)
         MemoryOp("router_softmax", 3 * 4 * Tsp * x.num_experts, ("moe",)),  # fp32 softmax / top-k
         MemoryOp("mlp_residual", 3 * D * Tsp * h),
     ]
@@ -526,7 +573,8 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
 
     expert_params = x.num_experts * mlp_params(m, x.expert_ffn_hidden_size) / (sh.e * sh.etp)
     dense_params = at["params"] + h * x.num_experts + x.num_shared_experts * mlp_params(m, x.shared_ffn) / t
-    a2a = D * Tsp * x.top_k * h  # token copies this rank sends (dispatch) or receives back (combine)
+    # the busiest rank receives (dispatch) and sends back (combine) s' token copies
+    a2a = D * recv / sh.etp * h
     etp_bytes = np.where(sh.etp > 1, D * recv * h, 0.0)
     return LayerWork(
         gemms=gemms,
@@ -541,6 +589,8 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
         params_local=dense_params + expert_params,
         expert_params_local=expert_params,
         attention_class=at.get("attention_class", "attention"),
+        ep_chunks=chunks,
+        ep_buffer_bytes=np.where(sh.e > 1, D * Tsp * x.top_k * h / chunks, 0.0),
     )
 
 

@@ -31,7 +31,9 @@ OFFLOAD_MODULE_BITS = {name: 2 << i for i, name in enumerate(OFFLOAD_MODULES)}
 #: the transformer layers on the first and last pipeline rank (the rest split evenly)
 PARALLEL_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "first_layers", "last_layers", "pp_schedule", "pp_group", "cp_comm", "cp_a2a", "dp_shard")
 #: choices that change memory (and time)
-MEMORY_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules", "activation_offload", "zero_stage", "reshard_after_forward", "cpu_optimizer")
+MEMORY_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules", "activation_offload", "zero_stage", "reshard_after_forward", "cpu_optimizer", "moe_chunks")
+#: moe_chunks: MemFine's MACT ("auto"), resolved per configuration by the scorer
+MOE_CHUNKS_AUTO = 0
 #: checkpoint interval in steps; 0 means "the optimum of eq. 44"
 INTERVAL_FIELD = "interval"
 
@@ -62,6 +64,16 @@ def offload_setting(code: int):
     return names_of(code, OFFLOAD_MODULE_BITS)
 
 
+def chunks_code(setting) -> int:
+    """moe_chunks: a count, or 'auto' (MemFine's MACT) -> MOE_CHUNKS_AUTO."""
+    return MOE_CHUNKS_AUTO if setting == "auto" else int(setting)
+
+
+def chunks_setting(code):
+    code = int(code)
+    return "auto" if code == MOE_CHUNKS_AUTO else code
+
+
 @dataclass(frozen=True)
 class ConfigBatch:
     """Columns are float64 (exact for these integers) so that the model's arithmetic never
@@ -86,6 +98,7 @@ class ConfigBatch:
     recompute_layers: np.ndarray  # full: uniform group size / block layers per virtual stage
     recompute_modules: np.ndarray  # selective: RECOMPUTE_MODULE_BITS
     activation_offload: np.ndarray  # OFFLOAD_LAYER or OFFLOAD_MODULE_BITS
+    moe_chunks: np.ndarray  # MemFine FCDA token chunks per MoE layer (1: none); MOE_CHUNKS_AUTO: MACT
     zero_stage: np.ndarray
     reshard_after_forward: np.ndarray
     cpu_optimizer: np.ndarray
@@ -114,7 +127,7 @@ class ConfigBatch:
         missing = {"first_layers", "last_layers"} - set(columns)
         if missing:
             raise KeyError(f"layer split not given: {sorted(missing)} (see pipeline.split_layers)")
-        defaults = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "etp": 1, "mbs": 1}
+        defaults = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "etp": 1, "mbs": 1, "moe_chunks": 1}
         arrays = {}
         for name in names:
             if name in columns or name in defaults:
@@ -168,6 +181,7 @@ class ConfigBatch:
         out["recompute_num_layers"] = int(self.recompute_layers[i]) if mode == "full" else None
         out["recompute_modules"] = names_of(self.recompute_modules[i], RECOMPUTE_MODULE_BITS) if mode == "selective" else None
         out["activation_offload"] = offload_setting(self.activation_offload[i])
+        out["moe_chunks"] = chunks_setting(self.moe_chunks[i])
         for name in FEATURES:
             out[name] = bool(getattr(self, name)[i])
         interval = int(self.interval[i])
@@ -196,6 +210,7 @@ class ConfigBatch:
             recompute_num_layers=int(self.recompute_layers[i]) if mode == "full" else None,
             recompute_modules=names_of(self.recompute_modules[i], RECOMPUTE_MODULE_BITS) if mode == "selective" else None,
             activation_offload=offload_setting(self.activation_offload[i]),
+            moe_chunks=chunks_setting(self.moe_chunks[i]),
             **{name: bool(getattr(self, name)[i]) for name in FEATURES},
             checkpoint_interval=interval if interval > 0 else None,
         )
@@ -235,6 +250,7 @@ class Derived:
         self.any_zero2 = bool(self.shard_grads.any())
         self.any_zero3 = bool(self.shard_params.any())
         self.any_dualpipev = bool((cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]).any())
+        self.any_chunks = bool((cfg.moe_chunks != 1).any())
 
 
 def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
@@ -295,6 +311,7 @@ def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
         "recompute_layers": recompute_layers,
         "recompute_modules": modules,
         "activation_offload": offload_code(spec.activation_offload),
+        "moe_chunks": chunks_code(spec.moe_chunks),
         "zero_stage": spec.zero_stage,
         "reshard_after_forward": int(spec.reshard_after_forward if spec.reshard_after_forward is not None else spec.zero_stage == 3),
     }
@@ -330,6 +347,9 @@ def features_label(c: dict) -> str:
     for name, short in (("tp_overlap", "TPov"), ("cp_overlap", "CPov"), ("ep_overlap", "EPov"), ("pp_overlap", "PPov"), ("dp_overlap", "DPov"), ("cpu_optimizer", "CPUOpt")):
         if c.get(name):
             on.append(short)
+    chunks = c.get("moe_chunks", 1)
+    if chunks != 1:
+        on.append(f"MoE-chunks({chunks})")
     offload = c.get("activation_offload")
     if offload:
         on.append("Offload-layer" if offload == "layer" else "Offload(" + "+".join(offload) + ")")

@@ -16,16 +16,16 @@ import numpy as np
 from costmodel import architecture as arch
 from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
-from costmodel.configs import CP_COMM_CODES, ConfigBatch
+from costmodel.configs import CP_COMM_CODES, MOE_CHUNKS_AUTO, ConfigBatch
 from costmodel.documents import attention_factor
 from costmodel.flops import model_flops_per_token, recompute_flops_per_token
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
-from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, nccl_and_context, rank_memory, rank_params
+from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, choose_bin, nccl_and_context, rank_memory, rank_params
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
 from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
-from costmodel.specs import Problem
+from costmodel.specs import MOE_CHUNK_BINS, Problem
 from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP, US, optimizer_state_bytes
 from costmodel.update import optimizer_time, window_traffic, zero3_gathers
 
@@ -55,12 +55,15 @@ class Evaluation:
     mfu: np.ndarray
     hfu: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
+    tokens_per_s: np.ndarray
+    model_flops_per_step: float  # the MFU numerator (costmodel.flops: PaLM's convention)
     checkpoint_save_s: float | None
     pp_without_overlap_s: np.ndarray  # for search bounds: PP exposure without overlap,
     pp_overlap_floor_s: np.ndarray  # and the part that overlap cannot hide
     ettr: np.ndarray | None
     checkpoint_interval: np.ndarray | None
     e2e_time_s: np.ndarray | None
+    moe_chunks: np.ndarray  # MemFine FCDA chunks scored (MACT's choice where the configuration says auto)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -84,10 +87,13 @@ class Evaluation:
             "mfu": float(self.mfu[i]),
             "hfu": float(self.hfu[i]),
             "tokens_per_s_per_gpu": float(self.tokens_per_s_per_gpu[i]),
+            "tokens_per_s": float(self.tokens_per_s[i]),
+            "model_flops_per_step": self.model_flops_per_step,
             "checkpoint_save_s": self.checkpoint_save_s,
             "ettr": float(self.ettr[i]) if ft else None,
             "checkpoint_interval": int(self.checkpoint_interval[i]) if ft else None,
             "e2e_time_s": (float(self.e2e_time_s[i]) if self.e2e_time_s is not None else None),
+            "moe_chunks_used": int(self.moe_chunks[i]),
         }
 
 
@@ -139,8 +145,9 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     eff = hw.efficiency
     d_act = DTYPE_BYTES[tr.dtypes.activations]
-    shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len, sp=tr.sequence_parallel)
-    works = [arch.layer_work(m, tr, shard, d_act, kind) for kind in model_kinds(m)]
+    shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len, sp=tr.sequence_parallel,
+                       chunks=np.maximum(cfg.moe_chunks, 1.0))
+    works = [arch.layer_work(m, tr, shard, d_act, kind) for kind in model_kinds(m, tr)]
     edge = arch.edges(m, tr, shard, d_act)
 
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
@@ -156,7 +163,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     tokens = tr.seq_len / ring
     if tr.mean_document_tokens is not None:
         tokens = np.minimum(tokens, tr.mean_document_tokens)
-    times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens) for work in works]
+    times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens, tr.moe.dispatcher) for work in works]
 
     # embedding (first rank) and output head + loss (last rank), per micro-batch
     emb_f = comp.memory_time(edge.embedding_memory_bytes)
@@ -187,25 +194,58 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     )
 
 
-def model_kinds(m) -> list[tuple[str, str]]:
-    """The layer kinds the model's costs are computed for: ModelSpec.kinds(), then the MTP
-    module's layer kind if the model has MTP and the kind is new."""
-    kinds = m.kinds()
-    if m.mtp_layers and arch.mtp_kind(m) not in kinds:
-        kinds.append(arch.mtp_kind(m))
+#: MoE layers whose routing imbalance grows with depth are costed in this many depth bands, each at
+#: its deepest layer's factor (exact for the deepest layer of every band, conservative for the rest)
+IMBALANCE_BANDS = 8
+
+
+def layer_kinds(m, tr=None) -> list[tuple]:
+    """The kind of each layer: ModelSpec.layer_kinds(), and when training.moe's imbalance varies
+    with depth (MemFine Fig. 2), MoE layers split into up to IMBALANCE_BANDS contiguous bands of
+    MoE depth, each kind carrying its band's range of relative depth (0 the first MoE layer, 1 the
+    last): the layers of a band share their costs, the worst layer of each pipeline stage sets the
+    stage's peak."""
+    kinds = m.layer_kinds()
+    if m.moe is None or tr is None or tr.moe.flat:
+        return kinds
+    moe = [i for i, (_, mlp) in enumerate(kinds) if mlp == "moe"]
+    n = len(moe)
+    bands = min(n, IMBALANCE_BANDS)
+    band_of = [j * bands // n for j in range(n)]
+    depth = lambda j: j / max(n - 1, 1)
+    ranges = {b: (depth(band_of.index(b)), depth(n - 1 - band_of[::-1].index(b))) for b in set(band_of)}
+    out = list(kinds)
+    for j, i in enumerate(moe):
+        out[i] = (kinds[i][0], "moe", ranges[band_of[j]])
+    return out
+
+
+def mtp_kind(m, tr=None) -> tuple:
+    """The MTP module's layer kind: like the last layer (at the deepest MoE imbalance)."""
+    kind = arch.mtp_kind(m)
+    return ("full_attention", "moe", (1.0, 1.0)) if kind[1] == "moe" and len(layer_kinds(m, tr)[-1]) > 2 else kind
+
+
+def model_kinds(m, tr=None) -> list[tuple]:
+    """The layer kinds the model's costs are computed for: the distinct `layer_kinds` in order,
+    then the MTP module's layer kind if the model has MTP and the kind is new."""
+    kinds = list(dict.fromkeys(layer_kinds(m, tr)))
+    if m.mtp_layers and mtp_kind(m, tr) not in kinds:
+        kinds.append(mtp_kind(m, tr))
     return kinds
 
 
-def kind_of_layers(m) -> list[int]:
-    index = {kind: i for i, kind in enumerate(model_kinds(m))}
-    return [index[kind] for kind in m.layer_kinds()]
+def kind_of_layers(m, tr=None) -> list[int]:
+    index = {kind: i for i, kind in enumerate(model_kinds(m, tr))}
+    return [index[kind] for kind in layer_kinds(m, tr)]
 
 
 def layer_buffers(work: arch.LayerWork, cfg: ConfigBatch, shard: arch.Shard, d_act: int, hidden: int, tp_overlap_buffers: int) -> np.ndarray:
     """Communication buffers one layer allocates while it runs: the TP all-gathered input and
     the pre-reduce-scatter output of a sequence-parallel GEMM, Transformer Engine's userbuffers
     under TP overlap, the CP exchange (ring: a send and a receive block; all-gather: the whole
-    sequence's K/V; all-to-all: the re-sharded q/k/v/output), the EP combine buffer."""
+    sequence's K/V; all-to-all: the re-sharded q/k/v/output), the EP combine buffer (the rank's
+    own token copies coming back; what it receives in the dispatch is the experts' saved input)."""
     full = d_act * shard.tokens * hidden  # [s/cp, b, h] on one rank
     tp = (cfg.tp > 1) * (2.0 * full + (cfg.tp_overlap == 1) * tp_overlap_buffers * full)
     v = cfg.cp_comm
@@ -214,7 +254,7 @@ def layer_buffers(work: arch.LayerWork, cfg: ConfigBatch, shard: arch.Shard, d_a
         [work.cp_bytes * cfg.cp, work.cp_a2a_bytes, work.cp_a2a_bytes + 2.0 * work.cp_bytes],
         2.0 * work.cp_bytes,
     )
-    return tp + cp + work.ep_a2a_bytes
+    return tp + cp + work.ep_buffer_bytes
 
 
 def shared_layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
@@ -241,7 +281,26 @@ def shared_layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
 
 def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        auto = cfg.moe_chunks == MOE_CHUNKS_AUTO
+        if auto.any():
+            cfg = mact(problem, cfg, auto)
         return _evaluate(problem, cfg)
+
+
+def mact(problem: Problem, cfg: ConfigBatch, auto: np.ndarray, bins=MOE_CHUNK_BINS) -> ConfigBatch:
+    """MemFine's MACT for the rows that ask for it: the chunk count of eq. 9 rounded up to a bin,
+    i.e. the smallest bin whose peak fits the GPU (eq. 8's s'_max is where the peak meets the
+    capacity), the largest bin when none fits. One count per configuration: the one its tightest
+    pipeline stage needs (MemFine tunes each stage, and each iteration, on its own)."""
+    rows = np.flatnonzero(auto)
+    sub = cfg.take(rows)
+    fits = []
+    for b in bins:
+        trial = ConfigBatch(**{**{f: getattr(sub, f) for f in sub.__dataclass_fields__}, "moe_chunks": np.full(len(sub), float(b))})
+        fits.append(_evaluate(problem, trial).fits)
+    column = cfg.moe_chunks.copy()
+    column[rows] = choose_bin(fits, bins)
+    return ConfigBatch(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "moe_chunks": column})
 
 
 def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
@@ -256,10 +315,10 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     x = cfg.derived()
     v = cfg.vp
 
-    kinds = model_kinds(m)
-    ranks = rank_classes(kind_of_layers(m), len(kinds), cfg)
+    kinds = model_kinds(m, tr)
+    ranks = rank_classes(kind_of_layers(m, tr), len(kinds), cfg)
     if m.mtp_layers:  # the MTP modules follow the last layer: on the rank holding the head
-        mtp = kinds.index(arch.mtp_kind(m))
+        mtp = kinds.index(mtp_kind(m, tr))
         ranks = tuple(RankLayers([c + m.mtp_layers * r.last * (i == mtp) for i, c in enumerate(r.counts)], r.first, r.last) for r in ranks)
     micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
     windows = grad_windows(cfg, micro) if x.any_zero2 else None
@@ -310,7 +369,12 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
                 gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
                 gathers_b = np.where(freed, micro, 0.0)
                 f_layer = layer_forward / layers
-                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, 2.0 * f_layer, moe)
+                # the backward prefetch hides behind the layer's own backward (with its recompute
+                # and exposed communication), not a multiple of the forward: a feature that
+                # shortens the forward must not shrink the backward window by more than it saves
+                layer_both = sum(both(key) for key in ("compute", "recompute", "tp", "cp", "ep")) + (both("offload") if x.any_offload else 0.0)
+                b_layer = layer_both / layers - f_layer
+                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
             fsdp = fsdp / micro
         parts["fsdp"].append(fsdp)
         parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
@@ -383,10 +447,13 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         mfu=model_flops / (step * G * peak_flops),
         hfu=hw_flops / (step * G * peak_flops),
         tokens_per_s_per_gpu=tokens / (step * G),
+        tokens_per_s=tokens / step,
+        model_flops_per_step=float(model_flops),
         checkpoint_save_s=save_s,
         pp_without_overlap_s=pipe.pp_without_overlap,
         pp_overlap_floor_s=pipe.pp_overlap_floor,
         ettr=ettr,
         checkpoint_interval=interval,
         e2e_time_s=e2e,
+        moe_chunks=cfg.moe_chunks,
     )

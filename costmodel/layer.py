@@ -41,10 +41,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodel.architecture import SAVED_TAGS, LayerWork
+from costmodel.architecture import CHUNKED, SAVED_TAGS, LayerWork
 from costmodel.compute import ComputeModel
 from costmodel.configs import CP_COMM_CODES, OFFLOAD_LAYER, OFFLOAD_MODULE_BITS, RECOMPUTE_MODULE_BITS, ConfigBatch
-from costmodel.network import Network
+from costmodel.network import Group, Network
 from costmodel.placement import LayerGroups
 from costmodel.specs import EfficiencyProfile, ModelSpec
 
@@ -77,6 +77,25 @@ def overlapped(t_compute, t_comm, split, coef) -> np.ndarray:
     return np.minimum(t_compute, t_comm) / split + np.maximum(coef.alpha * t_compute, coef.beta * t_comm) - t_compute
 
 
+def inter_node_share(model: ModelSpec, dispatcher: str, group: Group):
+    """Bound on the share of a rank's dispatched bytes that leaves its node (None: the uniform
+    spread of independent copies). Megatron's all-to-all dispatcher sends one copy per (token,
+    expert), so node-limited routing moves copies between nodes but does not reduce them.
+    DeepEP-style deduplication sends one copy per (token, node) across nodes and forwards it over
+    NVLink inside (DeepSeek-V3 report section 3.2.2): top_k experts drawn over the N nodes of the
+    EP group reach N(1 - (1 - 1/N)^top_k) distinct nodes on average, at most max_nodes_per_token
+    with node-limited routing; counting every reached node as remote bounds the share by that
+    over top_k."""
+    x = model.moe
+    if x is None or dispatcher != "deepep":
+        return None
+    nodes = np.maximum(group.n[1] * group.n[2], 1.0)
+    reached = nodes * (1.0 - (1.0 - 1.0 / nodes) ** x.top_k)
+    if x.max_nodes_per_token:
+        reached = np.minimum(reached, x.max_nodes_per_token)
+    return np.minimum(1.0, reached / x.top_k)
+
+
 def has(mask: np.ndarray, bit: int) -> np.ndarray:
     """Float 0/1: is `bit` set in the integer mask `mask` (an int64 array: see `ints`)."""
     return ((mask & bit) != 0) * 1.0
@@ -103,6 +122,7 @@ def layer_time(
     host_links: tuple[float, float],
     attention_factor: np.ndarray,
     attention_tokens: np.ndarray,
+    dispatcher: str = "alltoall",
 ) -> LayerTime:
     gemm_f = {g.name: comp.gemm_time(g) for g in work.gemms}
     comp_gemm_f = sum(gemm_f.values())
@@ -114,8 +134,11 @@ def layer_time(
     attn_b = attn_f * (2.0 if unfused_attention else eff.attention_backward_ratio)
     mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
     mem_total = sum(mem_f.values())
-    comp_f = comp_gemm_f + attn_f + mem_total
-    comp_b = dgrad + wgrad + 2.0 * mem_total + attn_b
+    # MemFine FCDA: each grouped GEMM runs once per chunk (a launch each; their shapes are in the Gemm)
+    chunks = work.ep_chunks
+    relaunch = (chunks - 1.0) * comp.overhead * sum(1.0 for g in work.gemms if g.kind == "grouped_gemm")
+    comp_f = comp_gemm_f + attn_f + mem_total + relaunch
+    comp_b = dgrad + wgrad + 2.0 * mem_total + attn_b + 2.0 * relaunch
 
     # --- tensor parallelism (eq. 20) -----------------------------------------------------
     tp_on = cfg.tp_overlap == 1
@@ -141,10 +164,8 @@ def layer_time(
     cp_b = a2a + np.where(overlappable, overlapped(attn_b, ring_b, cfg.cp, eff.cp_overlap), ring_b)
 
     # --- expert parallelism (eq. 22): dispatch + combine, and the expert-TP gather --------
-    cap = None
-    if model.moe is not None and model.moe.max_nodes_per_token:
-        cap = min(1.0, model.moe.max_nodes_per_token / model.moe.top_k)
-    a2a_ep = net.all_to_all(work.ep_a2a_bytes, place.ep, cap)
+    # (the busiest rank's volume, work.ep_a2a_bytes; FCDA: one all-to-all per chunk)
+    a2a_ep = chunks * net.all_to_all(work.ep_a2a_bytes / chunks, place.ep, inter_node_share(model, dispatcher, place.ep))
     etp = net.all_gather(work.etp_bytes, place.etp)
     ep_comm_f = 2.0 * (a2a_ep + etp)
     ep_comm_b = ep_comm_f
@@ -164,6 +185,14 @@ def layer_time(
     for op in work.memory_ops:
         if op.modules:
             recompute = recompute + in_any(mods, op.modules, RECOMPUTE_MODULE_BITS) * mem_f[op.name]
+    # FCDA's chunked recompute (MemFine eq. 7): the backward re-runs each chunk's dispatch, expert
+    # computation and combine, unless full recompute re-runs the layer anyway or the moe module
+    # is already recomputed
+    if "expert_fc1" in gemm_f:
+        again = (chunks > 1) * (cfg.recompute != 2) * (1.0 - has(mods, RECOMPUTE_MODULE_BITS["moe"]))
+        expert_f = gemm_f["expert_fc1"] + gemm_f["expert_fc2"] + mem_f["permute"] + relaunch + ep_f
+        expert_f = expert_f + (1.0 - has(mods, RECOMPUTE_MODULE_BITS["moe_act"])) * mem_f["expert_activation"]
+        recompute = recompute + again * expert_f
 
     # --- activation offload (eqs. 34-35) ---------------------------------------------------
     d2h, h2d = host_links
@@ -179,14 +208,18 @@ def layer_time(
 
 def kept_bytes(work: LayerWork, cfg: ConfigBatch) -> np.ndarray:
     """Bytes a layer keeps for its backward under its recompute setting: everything, minus
-    what the selected modules re-create (selective), or the whole set (a layer that full
-    recompute does not cover; the covered ones keep only their input, see memory.py)."""
+    what the selected modules re-create (selective) and, under MemFine's FCDA, the routed
+    experts' tensors (recomputed chunk by chunk), or the whole set (a layer that full recompute
+    does not cover; the covered ones keep only their input, see memory.py)."""
     mods = ints(cfg.recompute_modules * (cfg.recompute == 1))
+    fcda = (work.ep_chunks > 1) * 1.0
     kept = work.saved_bytes
     for name, nbytes in work.saved.items():
         dropped_by = SAVED_TAGS[name].dropped_by
-        if dropped_by:
-            kept = kept - in_any(mods, dropped_by, RECOMPUTE_MODULE_BITS) * nbytes
+        dropped = in_any(mods, dropped_by, RECOMPUTE_MODULE_BITS) if dropped_by else 0.0
+        if name in CHUNKED:
+            dropped = np.maximum(dropped, fcda)
+        kept = kept - dropped * nbytes
     return kept
 
 
@@ -196,15 +229,16 @@ def offloaded_bytes(work: LayerWork, cfg: ConfigBatch) -> np.ndarray:
     setting = cfg.activation_offload
     total = (setting == OFFLOAD_LAYER) * kept_bytes(work, cfg)
     modules = ints(np.where(setting == OFFLOAD_LAYER, 0.0, setting))
+    fcda = (work.ep_chunks > 1) * 1.0
     for name, nbytes in work.saved.items():
         module = SAVED_TAGS[name].offload
         if module is not None:
-            total = total + has(modules, OFFLOAD_MODULE_BITS[module]) * nbytes
+            total = total + has(modules, OFFLOAD_MODULE_BITS[module]) * nbytes * ((1.0 - fcda) if name in CHUNKED else 1.0)
     return total
 
 
 #: the configuration fields that fix a layer's shape and layer-level features (MPE's "layer")
-LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "cp_comm", "cp_a2a", "recompute", "recompute_modules", "activation_offload", "tp_overlap", "cp_overlap", "ep_overlap")
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "cp_comm", "cp_a2a", "recompute", "recompute_modules", "activation_offload", "tp_overlap", "cp_overlap", "ep_overlap", "moe_chunks")
 
 
 @dataclass(frozen=True)
@@ -220,7 +254,8 @@ class KindCosts:
     offload: np.ndarray
     forward: np.ndarray  # with its exposed communication: what full recompute repeats
     activation: np.ndarray  # bytes kept for backward (selective modules dropped; eqs. 5, 29)
-    saved_full: np.ndarray  # bytes of the complete saved set (working set of a recomputed layer)
+    saved_full: np.ndarray  # bytes of the complete saved set (working set of a recomputed layer; one FCDA chunk of the experts')
+    chunk_work: np.ndarray  # FCDA: one chunk's expert tensors, alive while the layer runs or is recomputed (MemFine 4.1)
     offloaded: np.ndarray  # bytes sent to the host per layer (eq. 33; Megatron's modules)
     input_bytes: np.ndarray  # the layer input: all a fully recomputed layer keeps (eq. 31)
     params: np.ndarray  # parameters on the GPU
@@ -273,7 +308,8 @@ def kind_costs(work: LayerWork, t: LayerTime, cfg: ConfigBatch) -> KindCosts:
         offload=t.offload_f + t.offload_b,
         forward=t.forward,
         activation=kept_bytes(work, cfg) + zero,
-        saved_full=work.saved_bytes + zero,
+        saved_full=work.saved_bytes - work.chunked_bytes * (1.0 - 1.0 / work.ep_chunks) + zero,
+        chunk_work=(work.ep_chunks > 1) * work.chunked_bytes / work.ep_chunks + zero,
         offloaded=offloaded_bytes(work, cfg) + zero,
         input_bytes=work.input_bytes + zero,
         params=work.params_local + zero,

@@ -21,6 +21,7 @@ from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from costmodel.specs import Problem
+from costmodel.sweep import SWEEP_KEY
 
 #: a problem file is a few kilobytes; anything this large is not one (and parsing it in
 #: pure Python would take long enough to look like a hang)
@@ -297,22 +298,17 @@ def parse_override(text: str) -> tuple[list[str], object]:
 
 
 def apply_overrides(data: dict, overrides: list[str], path: str) -> dict:
+    from costmodel.sweep import set_field
+
     for text in overrides:
         try:
             keys, value = parse_override(text)
         except ValueError as exc:
             raise ProblemError(path, "--set", str(exc)) from None
-        node = data
-        for k in keys[:-1]:
-            child = node.get(k)
-            if child is None:
-                child = node[k] = {}
-            if isinstance(child, str) and node is data and k in ("model", "hardware"):
-                child = node[k] = {"preset": child}  # override a field of a named preset
-            if not isinstance(child, dict):
-                raise ProblemError(path, ".".join(keys), "cannot set a field inside a non-mapping value")
-            node = child
-        node[keys[-1]] = value
+        try:
+            set_field(data, keys, value)
+        except ValueError as exc:
+            raise ProblemError(path, ".".join(keys), str(exc)) from None
     return data
 
 
@@ -386,13 +382,46 @@ def _check_references(data: dict, path: str) -> None:
 
 
 def load_problem(path: str, overrides: list[str] | None = None) -> Problem:
+    """The one problem of a file; a file that declares a sweep is an error here (it stands
+    for several problems: load_problems, `mofa batch`)."""
     data = read_yaml(path)
+    if SWEEP_KEY in data:
+        raise ProblemError(path, SWEEP_KEY, "this file declares a sweep (several problems): run it with `mofa batch`")
+    return _finish(data, path, overrides, Path(path).stem)
+
+
+def load_problems(path: str, overrides: list[str] | None = None) -> list[tuple[str, dict, Problem]]:
+    """[(name, {swept field: value}, problem)] of a file: one entry without a sweep, the
+    cartesian product of its `sweep:` lists with one (costmodel.sweep). The name is the
+    file's stem plus `field=value` parts (what a batch names its run folder after); the
+    problem's own name gets the same parts. The sweep section is checked first and errors
+    name `sweep.<path>`; an expanded problem's error names its file, the combination and the
+    field. `overrides` apply to every expanded problem."""
+    from costmodel.sweep import SweepError, expand
+
+    data = read_yaml(path)
+    stem = Path(path).stem
+    try:
+        expanded = expand(data, stem)
+    except SweepError as exc:
+        raise ProblemError(path, exc.field, exc.message) from None
+    out = []
+    for name, values, item in expanded:
+        where = path if not values else f"{path} [{name[len(stem) + 1:]}]"
+        item = dict(item)
+        if values:
+            item["name"] = str(item.get("name") or stem) + name[len(stem):]
+        out.append((name, values, _finish(item, where, overrides, stem)))
+    return out
+
+
+def _finish(data: dict, path: str, overrides: list[str] | None, stem: str) -> Problem:
     if overrides:
         data = apply_overrides(data, overrides, path)
         if data.get("config") is None:
             data.pop("config", None)
         _check_values(data, "", path)
-    data.setdefault("name", Path(path).stem)
+    data.setdefault("name", stem)
     if "measured" in data:
         raise ProblemError(path, "measured", "this is a validation point: use `mofa validate` (or `mofa calibrate`) with it")
     _check_references(data, path)

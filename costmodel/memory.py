@@ -43,7 +43,10 @@ layer's set -- we keep two, because the asynchronous copy of layer i overlaps th
 layer i+1, so both are resident at the peak -- plus the input tensor of every in-flight chunk,
 which the pipeline schedule holds for the backward pass and offloading therefore cannot free;
 Megatron's fine-grained offload moves the chosen modules' saved inputs and keeps the rest, with
-two layers' offloaded tensors in transit.
+two layers' offloaded tensors in transit. MemFine's FCDA (moe_chunks c > 1) keeps none of the
+routed experts' tensors (they are recomputed chunk by chunk) and holds one chunk of them, 1/c,
+while a layer runs; under full recompute the recomputed layer's working set holds 1/c of them
+(MemFine section 4.1: the peak is the largest chunk).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from costmodel.arrays import blend
 from costmodel.configs import OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch, Derived
 from costmodel.layer import LayerCosts
 from costmodel.pipeline import RankLayers
+from costmodel.specs import MOE_CHUNK_BINS
 from costmodel.units import MIB, optimizer_state_bytes
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "gathered_params", "activations", "optimizer_transient", "comm_buffers", "cuda_context", "fragmentation")
@@ -135,6 +139,8 @@ def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cf
     kept = per_chunk("activation")
     resident = in_flight * kept
     zero = 0.0 * kept
+    if x.any_chunks:  # FCDA: one chunk of the experts' tensors while a layer runs or is recomputed
+        resident = resident + (1.0 - x.full_recompute) * largest("chunk_work")
     if not (x.any_full_recompute or x.any_offload):  # nothing else to count in this batch
         return resident + rank.last * head_saved, zero
     chunk_layers = np.maximum(rank.layers / v, 1.0)
@@ -151,6 +157,8 @@ def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cf
             recomputed = blend(x.block_recompute, covered * inputs + (1.0 - covered) * kept, uniform)
             working = blend(x.block_recompute, full_set, working)
         resident = in_flight * blend(x.full_recompute, recomputed, kept) + x.full_recompute * working
+        if x.any_chunks:
+            resident = resident + (1.0 - x.full_recompute) * largest("chunk_work")
     if not x.any_offload:
         return resident + rank.last * head_saved, zero
     offloaded = per_chunk("offloaded")
@@ -227,6 +235,29 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
         dense_params=dense_params,
         expert_params=expert_params,
     )
+
+
+def mact_max_tokens(available_bytes, bytes_per_token):
+    """MemFine eq. 8: s'_max, the token copies an EP rank may receive in one MoE layer before the
+    GPU overflows, = (alpha M_GPU - M_sta - the activations that do not scale with s') / the
+    activation bytes of one received copy ((m_g/tc) D_t b (2h + 2g_e) in MemFine's ledger)."""
+    return np.asarray(available_bytes, dtype=float) / bytes_per_token
+
+
+def choose_bin(fits_by_bin, bins):
+    """MACT's bin choice (MemFine 4.2): the smallest bin that fits -- fits_by_bin[i] says where
+    bins[i] chunks fit --, the largest bin where none does."""
+    choice = np.full(np.shape(fits_by_bin[0]), float(bins[-1]))
+    for b, fits in zip(reversed(bins), reversed(list(fits_by_bin))):
+        choice = np.where(fits, float(b), choice)
+    return choice
+
+
+def mact_chunks(received_tokens, max_tokens, bins=MOE_CHUNK_BINS):
+    """MemFine eq. 9 and the bin: c = ceil(s'' / s'_max) token chunks make each chunk fit; MACT
+    takes the smallest bin >= c (the largest bin when c exceeds them all)."""
+    received = np.asarray(received_tokens, dtype=float)
+    return choose_bin([b * np.asarray(max_tokens, dtype=float) >= received for b in bins], bins)
 
 
 def communicator_count(cfg: ConfigBatch, x: Derived, moe: bool) -> np.ndarray:

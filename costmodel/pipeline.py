@@ -109,6 +109,10 @@ def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> 
     for i, (pp, vp, first, last, v_shape) in enumerate(layouts.astype(int)):
         sizes, rank = stage_sizes(n_layers, pp, vp, first, last, bool(v_shape))
         layer_rank = np.repeat(rank, np.maximum(sizes, 0))[:n_layers]
+        # a layout whose stages hold fewer layers than the model (DualPipeV's 2*pp equal stages
+        # of a layer count they do not divide): the rest belong to no rank; the layers_split and
+        # dualpipev_layout rules reject such rows, but the scorer must not fail on them
+        layer_rank = np.pad(layer_rank, (0, n_layers - len(layer_rank)), constant_values=-1)
         for c, r in enumerate((0, min(1, pp - 1), pp - 1)):
             table[i, c] = np.bincount(kinds[layer_rank == r], minlength=num_kinds)
     inverse = inverse.ravel()

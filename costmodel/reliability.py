@@ -50,7 +50,8 @@ def optimal_interval(step_s, rate_per_s, recovery_s, save_s, max_interval: int =
     step_s = np.asarray(step_s, dtype=float)
     if np.all(np.asarray(rate_per_s) == 0):
         return np.full(step_s.shape, max_interval, dtype=np.int64)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    save_s = np.asarray(save_s, dtype=float)  # a Python float's ** raises on overflow; numpy's gives inf
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         disc = save_s**2 - 2.0 * save_s * recovery_s + 2.0 * save_s / rate_per_s
         raw = (-save_s + np.sqrt(np.maximum(disc, 0.0))) / step_s
     raw = np.where(np.isfinite(raw), raw, 1.0)

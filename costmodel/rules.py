@@ -64,6 +64,7 @@ RULES: dict[str, tuple[str, str]] = {
     "recompute_method": ("recompute_num_layers", "full recompute needs 1 <= recompute_num_layers (block: fewer than a virtual stage's layers); other modes take none"),
     "recompute_modules": ("recompute_modules", "the recompute modules must exist in the model (moe_act/moe/shared_experts need MoE, shared_experts shared experts, mla_up_proj MLA)"),
     "offload_excludes_recompute": ("activation_offload", "activation offload cannot be combined with recompute"),
+    "moe_chunks_needs_moe": ("moe_chunks", "chunked MoE dispatch (moe_chunks other than 1) needs an MoE model"),
     "feature_forced": ("features", "the configuration contradicts a feature the problem forces on or off"),
     "recompute_allowed": ("recompute", "the problem does not allow this recompute mode"),
     "zero_allowed": ("zero_stage", "the problem does not allow this ZeRO stage"),
@@ -180,6 +181,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
         bad_module |= _has(mods, RECOMPUTE_MODULE_BITS["mla_up_proj"])
     out["recompute_modules"] = bad_module
     out["offload_excludes_recompute"] = (cfg.activation_offload != 0) & (cfg.recompute != 0)
+    out["moe_chunks_needs_moe"] = (cfg.moe_chunks != 1) & dense
 
     # what the problem's features section allows
     forced = np.zeros(len(cfg), bool)

@@ -409,6 +409,50 @@ class DtypeSpec(Spec):
     compute: Dtype = Field(default="bf16", description="GEMM input dtype; fp8 uses the fp8 peak")
 
 
+Imbalance = Annotated[float, Field(ge=1)] | Literal["worst"]
+
+
+class MoERoutingSpec(Spec):
+    """How tokens reach the experts while training (MemFine: "Memory-Aware Fine-Grained Scheduling
+    for MoE Training", ZTE AIH Team, section 3, eq. 2 and Fig. 2).
+
+    s', the token copies the busiest expert-parallel rank receives in one MoE layer, lies between
+    the balanced share (as many copies as its own tokens send: tokens x top_k) and the worst case,
+    every token of the EP group routed to this rank's experts (MemFine eq. 2: s' -> e*s; with top_k
+    experts per token, at most min(top_k, local experts) copies of each). The imbalance
+    factor is s' / balanced share, capped at that worst case. MemFine Fig. 2 shows it growing with
+    depth (later layers approach the worst case early in training), so it is given at the first and
+    the last MoE layer and interpolated linearly in between; `worst` means the worst case.
+
+    Defaults: 1.0 at both ends (balanced routing), what auxiliary-loss-free balancing (DeepSeek-V3)
+    converges to and what every shipped figure was calibrated with; MemFine's early iterations are
+    far from it (its Table 4 implies about 18x at iteration 7 on 32 EP ranks), so size memory for
+    the imbalance the run will see."""
+
+    imbalance_first_layer: Imbalance = Field(default=1.0, description="s' / balanced share at the first MoE layer (or 'worst')")
+    imbalance_last_layer: Imbalance = Field(default=1.0, description="s' / balanced share at the last MoE layer (or 'worst')")
+    capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="token dropping (GShard; Megatron --moe-expert-capacity-factor): an expert keeps at most this times "
+        "its balanced share of tokens and drops the rest, which bounds s' (memory and time) at the cost of accuracy; None: dropless",
+    )
+    dispatcher: Literal["alltoall", "deepep"] = Field(
+        default="alltoall",
+        description="alltoall: Megatron's all-to-all dispatcher, one copy per (token, expert); deepep: DeepEP's deduplicated "
+        "dispatch (Megatron --moe-token-dispatcher-type flex --moe-enable-deepep), one copy per (token, node) across nodes, "
+        "forwarded over NVLink inside the node",
+    )
+
+    @property
+    def flat(self) -> bool:
+        return self.imbalance_first_layer == self.imbalance_last_layer
+
+    def ends(self) -> tuple[float, float]:
+        """(first, last) factors; inf stands for the worst case, which depends on the EP size."""
+        return tuple(math.inf if x == "worst" else float(x) for x in (self.imbalance_first_layer, self.imbalance_last_layer))
+
+
 class TrainingSpec(Spec):
     global_batch_size: Count = Field(gt=0, description="sequences per step")
     seq_len: Count = Field(gt=0)
@@ -431,8 +475,9 @@ class TrainingSpec(Spec):
         default="megatron",
         description="megatron: 3*D_opt states + a D_opt gradient copy at the step; mofa_eq4: 4*D_opt held throughout",
     )
-    moe_routing_imbalance: float = Field(
-        default=1.0, ge=1, description="tokens received by the busiest expert rank / balanced share (MemFine)"
+    moe: MoERoutingSpec = Field(
+        default_factory=lambda: MoERoutingSpec(),
+        description="MoE routing as trained: imbalance by depth, token dropping, dispatcher (MemFine)",
     )
     mean_document_tokens: Count | None = Field(
         default=None,
@@ -447,6 +492,21 @@ class TrainingSpec(Spec):
         description="share of the transient allocations (activations, gathered parameters, communication buffers, "
         "the optimizer's transient copy) the caching allocator reserves beyond what tensors use",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalar_imbalance(cls, data):
+        """The former scalar `moe_routing_imbalance: F` reads as a flat profile (F at every MoE layer)."""
+        if isinstance(data, dict) and "moe_routing_imbalance" in data:
+            data = dict(data)
+            value = data.pop("moe_routing_imbalance")
+            moe = data.get("moe")
+            moe = dict(moe) if isinstance(moe, dict) else ({} if moe is None else moe)
+            if not isinstance(moe, dict) or "imbalance_first_layer" in moe or "imbalance_last_layer" in moe:
+                raise ValueError("moe_routing_imbalance: give it or moe.imbalance_first_layer/last_layer, not both")
+            moe["imbalance_first_layer"] = moe["imbalance_last_layer"] = value
+            data["moe"] = moe
+        return data
 
     @model_validator(mode="after")
     def _steps(self):
@@ -484,6 +544,8 @@ PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev")
 #: context-parallel attention: ring (Megatron/TE p2p), Llama 3's all-gather, Ulysses all-to-all,
 #: Megatron's hierarchical all-to-all inside + ring across (--cp-comm-type a2a+p2p)
 CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p")
+#: MemFine MACT: the chunk counts it chooses from (section 5.1, Method 3: thresholds [1, 2, 4, 8])
+MOE_CHUNK_BINS = (1, 2, 4, 8)
 #: Megatron-Core --recompute-modules (selective recompute)
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 #: Megatron-Core --offload-modules (fine-grained activation offloading)
@@ -643,6 +705,10 @@ class SearchSpec(Spec):
     activation_offload: list[OffloadSetting] = Field(
         default=[False, "layer"], description="offload settings the search may use when features.activation_offload allows"
     )
+    moe_chunks: list[Annotated[Count, Field(gt=0)] | Literal["auto"]] = Field(
+        default=[1],
+        description="MemFine FCDA chunk counts to try on MoE models (e.g. [1, 2, 4, 8] or ['auto']); default no chunking",
+    )
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
     objective: Literal["step", "e2e"] = "step"
     max_interval: Count = Field(default=100000, gt=0)
@@ -652,7 +718,7 @@ class SearchSpec(Spec):
     def _positive_ints(cls, v):
         return _positive_sorted(v)
 
-    @field_validator("pp_schedule", "cp_comm", "layer_split", "recompute_modules", "activation_offload")
+    @field_validator("pp_schedule", "cp_comm", "layer_split", "recompute_modules", "activation_offload", "moe_chunks")
     @classmethod
     def _not_empty(cls, v):
         if not v:
@@ -705,6 +771,12 @@ class ConfigSpec(Spec):
     )
     recompute_modules: list[RecomputeModule] | None = Field(
         default=None, description="selective recompute: Megatron --recompute-modules (default core_attn)"
+    )
+    moe_chunks: Annotated[Count, Field(gt=0)] | Literal["auto"] = Field(
+        default=1,
+        description="MemFine's FCDA: split each MoE layer's dispatch / expert computation / combine into this many token "
+        "chunks, recomputed chunk by chunk in the backward (peak MoE activation = one chunk); 'auto': MACT, the smallest "
+        "of MOE_CHUNK_BINS that fits (MemFine eqs. 8-9); 1: no chunking",
     )
     tp_overlap: bool = False
     cp_overlap: bool = False

@@ -3,7 +3,8 @@
 A configuration is a *skeleton* (tp, cp, pp, vp, ep, etp, mbs, the layer split, the pipeline
 schedule and its round size, the context-parallel variant, the HSDP sharding group) plus a
 *feature choice*: a *memory choice* (recompute mode with its method, layers or modules;
-activation offload; ZeRO stage and resharding; CPU optimizer) and the five overlap switches,
+activation offload; ZeRO stage and resharding; CPU optimizer; MemFine's MoE chunks) and the five
+overlap switches,
 which change only time. The skeleton rules of costmodel.rules (divisibility, world size,
 micro-batch counts, layer layout, schedules, CP variants, expert grid) are applied when
 skeletons are generated; the feature rules (overlap needs TP>1, offload excludes recompute,
@@ -28,6 +29,7 @@ from costmodel.configs import (
     RECOMPUTE_CODES,
     RECOMPUTE_MODULE_BITS,
     ConfigBatch,
+    chunks_code,
     mask_of,
     offload_code,
 )
@@ -77,6 +79,7 @@ FEATURE_RULES = (
     "recompute_method",
     "recompute_modules",
     "offload_excludes_recompute",
+    "moe_chunks_needs_moe",
     "feature_forced",
     "recompute_allowed",
     "zero_allowed",
@@ -269,9 +272,10 @@ class SearchSpace:
                 zero += [(3, r) for r in reshard]
             else:
                 zero.append((stage, 0))
+        chunks = sorted({chunks_code(c) for c in s.moe_chunks}) if pr.model.moe is not None else [1]
         rows = [
-            (*rc, off, z, r, cpu)
-            for rc, off, (z, r), cpu in itertools.product(recompute, offloads, zero, self.flags["cpu_optimizer"])
+            (*rc, off, z, r, cpu, chunk)
+            for rc, off, (z, r), cpu, chunk in itertools.product(recompute, offloads, zero, self.flags["cpu_optimizer"], chunks)
             if not (off != 0 and rc[0] != 0)
         ]
         return np.array(rows, dtype=float).reshape(-1, len(MEMORY_FEATURES))

@@ -35,8 +35,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from mofa.report import render_solve
-    from optimizer.result import ObjectiveError
-    from optimizer.search import solve
 
     if args.top < 1:
         print("mofa solve: --top must be at least 1", file=sys.stderr)
@@ -51,18 +49,10 @@ def run(args) -> int:
         except OSError as exc:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    try:
-        result = solve(problem, args.method, args.objective, args.top, args.time_limit)
-    except ObjectiveError as exc:
-        raise ProblemError(args.problem, "search.objective", str(exc)) from None
-    out = stamped(finite(result.as_dict(problem)), args.problem)
-    for entry in out["top"]:
-        with_interval(problem, entry)
-    if out.get("best"):
-        out["exports"] = export_report(result.plans(problem)[0])
+    out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit)
     if args.out:
         try:
-            write_outputs(problem, out, args.out, result.plans(problem))
+            write_outputs(problem, out, args.out, plans)
         except OSError as exc:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
@@ -73,6 +63,25 @@ def run(args) -> int:
         if out.get("exports"):
             print(render_exports(out["exports"]))
     return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
+
+
+def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None):
+    """(the JSON result `solve --json` prints and result.json holds, the top configurations'
+    typed launch plans): what `mofa solve` and each run of `mofa batch` compute."""
+    from optimizer.result import ObjectiveError
+    from optimizer.search import solve
+
+    try:
+        result = solve(problem, method, objective, top, time_limit_s)
+    except ObjectiveError as exc:
+        raise ProblemError(source, "search.objective", str(exc)) from None
+    out = stamped(finite(result.as_dict(problem)), source)
+    for entry in out["top"]:
+        with_interval(problem, entry)
+    plans = result.plans(problem)
+    if out.get("best"):
+        out["exports"] = export_report(plans[0])
+    return out, plans
 
 
 #: every file `solve --out` may write (megatron_args.sh: earlier versions'); a folder holding only these can be replaced

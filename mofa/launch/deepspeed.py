@@ -21,6 +21,8 @@ DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 def check(plan: LaunchPlan) -> None:
     p, dt = plan, plan.dtypes
+    if p.moe_chunks != 1:
+        refuse(NAME, f"moe_chunks={p.moe_chunks}: DeepSpeed has no chunked MoE dispatch (MemFine's FCDA)")
     if p.tp > 1:
         refuse(NAME, f"tp={p.tp}: plain DeepSpeed has no tensor parallelism for a training model (Megatron-DeepSpeed's mpu does)")
     if p.cp > 1:

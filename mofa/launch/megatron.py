@@ -17,6 +17,10 @@ from mofa.launch.plan import LaunchPlan
 CP_COMM_FLAG = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a", "a2a+p2p": "a2a+p2p"}
 #: Megatron-FSDP's sharding strategies (--data-parallel-sharding-strategy) by ZeRO stage
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+#: training.moe.dispatcher as Megatron-Core flags: its all-to-all dispatcher, or DeepEP's
+#: deduplicated one behind the flex dispatcher
+MOE_DISPATCHER_ARGS = {"alltoall": [["--moe-token-dispatcher-type", "alltoall"]],
+                       "deepep": [["--moe-token-dispatcher-type", "flex"], ["--moe-enable-deepep"]]}
 #: the Megatron-LM entry point the script runs (relative to MEGATRON_LM, the checkout)
 ENTRY = "pretrain_gpt.py"
 
@@ -24,6 +28,8 @@ ENTRY = "pretrain_gpt.py"
 def check_megatron(plan: LaunchPlan, what: str = "Megatron-LM") -> None:
     """What neither Megatron-LM nor Megatron-Bridge can run (both build Megatron-Core)."""
     p = plan
+    if p.moe_chunks != 1:
+        refuse(what, f"moe_chunks={p.moe_chunks}: Megatron-Core has no chunked MoE dispatch (MemFine's FCDA is ZTE's own)")
     if p.pp > 1 and p.pp_schedule == "afab":
         refuse(what, "Megatron has no all-forward-all-backward schedule (only 1F1B and interleaved 1F1B; torchtitan runs it as GPipe / LoopedBFS)")
     if p.pp > 1 and p.pp_schedule == "dualpipev":
@@ -106,7 +112,9 @@ def _model_args(p: LaunchPlan) -> list[list[str]]:
     if m.moe is not None:
         out += [["--num-experts", str(m.moe.num_experts)], ["--moe-router-topk", str(m.moe.top_k)],
                 ["--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size)],
-                ["--moe-token-dispatcher-type", "alltoall"], ["--moe-grouped-gemm"]]
+                *MOE_DISPATCHER_ARGS[p.moe_dispatcher], ["--moe-grouped-gemm"]]
+        if p.moe_capacity_factor is not None:
+            out.append(["--moe-expert-capacity-factor", repr(p.moe_capacity_factor)])
         if m.moe.num_shared_experts:
             out.append(["--moe-shared-expert-intermediate-size", str(m.moe.num_shared_experts * m.moe.shared_ffn)])
         if m.moe.first_dense_layers:
@@ -248,7 +256,11 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
     ]
     if m.moe is not None:
         out += [f"model.expert_model_parallel_size={p.ep}", f"model.expert_tensor_parallel_size={p.etp}",
-                f"comm_overlap.overlap_moe_expert_parallel_comm={mode_of(p.ep_overlap)}"]
+                f"comm_overlap.overlap_moe_expert_parallel_comm={mode_of(p.ep_overlap)}",
+                f"model.moe_token_dispatcher_type={'flex' if p.moe_dispatcher == 'deepep' else 'alltoall'}",
+                f"model.moe_enable_deepep={mode_of(p.moe_dispatcher == 'deepep')}"]
+        if p.moe_capacity_factor is not None:
+            out.append(f"model.moe_expert_capacity_factor={p.moe_capacity_factor!r}")
         groups = expert_groups(p)
         if groups:
             out += [f"model.moe_router_num_groups={groups}", f"model.moe_router_group_topk={m.moe.max_nodes_per_token}"]

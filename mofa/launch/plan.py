@@ -77,6 +77,11 @@ class LaunchPlan(BaseModel):
     recompute_modules: list[RecomputeModule] | None = None
     activation_offload: Literal[False, "layer"] | list[OffloadModule] = False
     cpu_optimizer: bool
+    moe_chunks: int | Literal["auto"] = Field(default=1, description="MemFine FCDA token chunks per MoE layer (1: none)")
+
+    # MoE routing (training.moe)
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    moe_capacity_factor: float | None = Field(default=None, description="token dropping: an expert's capacity / its balanced share")
 
     # overlaps
     tp_overlap: bool
@@ -165,6 +170,9 @@ def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchP
         recompute_modules=spec.recompute_modules,
         activation_offload=spec.activation_offload,
         cpu_optimizer=spec.cpu_optimizer,
+        moe_chunks=spec.moe_chunks,
+        moe_dispatcher=tr.moe.dispatcher,
+        moe_capacity_factor=tr.moe.capacity_factor,
         tp_overlap=spec.tp_overlap, cp_overlap=spec.cp_overlap, ep_overlap=spec.ep_overlap,
         pp_overlap=spec.pp_overlap, dp_overlap=spec.dp_overlap,
         dtypes=tr.dtypes,

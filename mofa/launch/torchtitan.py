@@ -123,6 +123,8 @@ def check(plan: LaunchPlan) -> None:
     if p.attention_kernel != "flash":
         refuse(NAME, "an unfused attention kernel: torchtitan's configs use SDPA / flex attention")
     needs_iterations(p, NAME)
+    if p.moe_chunks != 1 or p.moe_capacity_factor is not None or p.moe_dispatcher != "alltoall":
+        refuse(NAME, "chunked MoE dispatch, token dropping and DeepEP dispatch are not exported for torchtitan")
 
 
 def torchtitan_args(plan: LaunchPlan) -> list[str]:

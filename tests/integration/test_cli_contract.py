@@ -66,10 +66,10 @@ SHIPPED = sorted(p for p in PROBLEMS.rglob("*.yaml") if p.parent.name != "valida
 def test_shipped_problem_loads(path):
     from costmodel.configs import ConfigBatch
     from costmodel.evaluate import evaluate
-    from costmodel.loader import load_problem
+    from costmodel.loader import load_problems
 
-    problem = load_problem(str(path))
-    if problem.config is not None:
-        batch = ConfigBatch.from_specs(problem, [problem.config])
-        ev = evaluate(problem, batch)
-        assert ev.step_time_s[0] > 0
+    for _, _, problem in load_problems(str(path)):  # a sweep: every problem it expands to
+        if problem.config is not None:
+            batch = ConfigBatch.from_specs(problem, [problem.config])
+            ev = evaluate(problem, batch)
+            assert ev.step_time_s[0] > 0

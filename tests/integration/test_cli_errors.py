@@ -251,7 +251,7 @@ def test_anchors_and_merge_keys_still_work(tmp_path):
 # --------------------------------------------------------------------------------------
 # --version, --help, JSON provenance, pipes, Ctrl-C, --out
 # --------------------------------------------------------------------------------------
-COMMANDS = ("evaluate", "ettr", "solve", "compare", "calibrate", "validate", "export")
+COMMANDS = ("evaluate", "ettr", "solve", "compare", "calibrate", "validate", "export", "batch", "report", "sensitivity")
 
 
 def test_version():

@@ -147,12 +147,13 @@ def test_moe_mla_dense_first_layers_node_limited_routing_and_mtp():
     plan = plan_of(problem, tp=1, pp=16, vp=1, ep=64, mbs=1, layer_split="uneven")
     flags = groups(plan)
     for flag in ("--num-experts 256", "--moe-router-topk 8", "--expert-model-parallel-size 64", "--expert-tensor-parallel-size 1",
-                 "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536", "--moe-token-dispatcher-type alltoall",
+                 "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536", "--moe-token-dispatcher-type flex", "--moe-enable-deepep",
                  "--mtp-num-layers 1", "--moe-router-num-groups 8", "--moe-router-group-topk 4"):
         assert flag in flags, flag
     freq = next(f for f in flags if f.startswith("--moe-layer-freq"))
     assert freq == "--moe-layer-freq [" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
     assert "model.moe_router_num_groups=8" in bridge_overrides(plan)
+    assert {"model.moe_token_dispatcher_type=flex", "model.moe_enable_deepep=true"} <= set(bridge_overrides(plan))
     # an EP group inside 4 nodes: a token can reach every node anyway, no routing groups
     assert not any("router-num-groups" in f for f in groups(plan_of(problem, tp=1, pp=16, ep=32, layer_split="uneven")))
     assert "--mtp-num-layers" in megatron_script(plan)
@@ -369,3 +370,16 @@ def test_export_command(tmp_path):
 def test_every_format_is_listed_once():
     assert set(FORMATS) == {"megatron", "megatron-bridge", "torchtitan", "deepspeed"}
     assert len({name for name, _ in FORMATS.values()}) == 4
+
+
+def test_moe_dispatcher_capacity_factor_and_chunks():
+    """training.moe's dispatcher and capacity factor become Megatron's flags; MemFine's chunked
+    dispatch has no Megatron flag, so a plan with moe_chunks > 1 is refused with the reason."""
+    problem = load_problem(str(DEEPSEEK))
+    moe = problem.training.moe.model_copy(update={"dispatcher": "alltoall", "capacity_factor": 1.25})
+    dropping = problem.model_copy(update={"training": problem.training.model_copy(update={"moe": moe})})
+    flags = groups(plan_of(dropping, tp=1, pp=16, ep=64, layer_split="uneven"))
+    assert {"--moe-token-dispatcher-type alltoall", "--moe-expert-capacity-factor 1.25"} <= flags
+    assert "--moe-enable-deepep" not in flags
+    with pytest.raises(ExportError, match="chunked MoE dispatch"):
+        megatron_flags(plan_of(problem, tp=1, pp=16, ep=64, layer_split="uneven", moe_chunks=4))

@@ -70,9 +70,11 @@ def test_memfine_moe_layer(t, c):
 
 
 def test_routing_imbalance_scales_expert_activations():
+    """The former scalar field still reads (as a flat profile); it scales s' on an EP group
+    large enough for that imbalance (ep 4 of Mixtral's 8 experts: at most 4x)."""
     m = MODELS["mixtral-8x7b"]
-    balanced = arch.moe_layer(m, TrainingSpec(global_batch_size=8, seq_len=4096), shard(seq=4096), 2)
-    skewed = arch.moe_layer(m, TrainingSpec(global_batch_size=8, seq_len=4096, moe_routing_imbalance=3.0), shard(seq=4096), 2)
+    balanced = arch.moe_layer(m, TrainingSpec(global_batch_size=8, seq_len=4096), shard(e=4, seq=4096), 2)
+    skewed = arch.moe_layer(m, TrainingSpec(global_batch_size=8, seq_len=4096, moe_routing_imbalance=3.0), shard(e=4, seq=4096), 2)
     expert_keys = ("expert_input", "expert_fc1_out", "expert_act_out", "expert_output")
     for k in expert_keys:
         assert float(skewed.saved[k][0]) == pytest.approx(3 * float(balanced.saved[k][0]))
