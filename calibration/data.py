@@ -1,4 +1,11 @@
-"""Validation points: a problem file plus what was measured, converted to a step time."""
+"""Validation points: a problem plus what was measured, converted to a step time.
+
+A file holds one point (a problem file with `measured:` and `unknown:`) or a source: one
+measurement campaign as `common:` fields every row shares, `columns:` (dotted field paths) and
+`rows:` (one measured run each), optional `models:` (model specs the rows name) and `skipped:`
+(rows the model cannot express, each with its reason, kept so that nothing is dropped
+silently). See problems/validation/README.md.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +36,9 @@ class Measured(Spec):
     fit: bool = Field(default=True, description="false: validate only")
     reported_mfu: float | None = Field(default=None, gt=0, le=1)
     reported_hardware_tflops_per_gpu: float | None = Field(default=None, gt=0)
+    peak_memory_gib: float | None = Field(
+        default=None, gt=0, description="peak device memory the source reports, GiB (2^30 bytes); compared with the model's peak"
+    )
 
 
 @dataclass
@@ -38,6 +48,10 @@ class Point:
     problem: Problem
     measured: Measured
     unknown: tuple[str, ...] = field(default_factory=tuple)
+    source: str = ""  # the campaign it was measured in: held out together under source cross-validation
+
+    def __post_init__(self):
+        self.source = self.source or self.measured.source
 
     @property
     def hardware(self) -> str:
@@ -65,8 +79,18 @@ class Point:
         raise ValueError(m.metric)
 
 
-def load_point(path: str) -> Point:
-    data = read_yaml(path)
+def _point(data: dict, path: str, where: str = "", source: str = "") -> Point:
+    """A point from a problem's data with `measured`, `unknown` and the known `config`. `where`
+    prefixes the field names of errors (`rows[3].`)."""
+    try:
+        return _point_unprefixed(dict(data), path, source)
+    except ProblemError as exc:
+        if not where:
+            raise
+        raise ProblemError(path, where + (exc.field or "").rstrip("."), exc.message) from None
+
+
+def _point_unprefixed(data: dict, path: str, source: str) -> Point:
     measured = data.pop("measured", None)
     unknown = data.pop("unknown", []) or []
     if measured is None:
@@ -76,6 +100,8 @@ def load_point(path: str) -> Point:
     except ValidationError as exc:
         fld, message = _describe(exc)
         raise ProblemError(path, f"measured.{fld}" if fld else "measured", message) from None
+    if not isinstance(unknown, list):
+        raise ProblemError(path, "unknown", "a list of configuration fields")
     bad = [u for u in unknown if u not in UNKNOWABLE]
     if bad:
         raise ProblemError(path, "unknown", f"cannot resolve {bad} (resolvable: {', '.join(UNKNOWABLE)})")
@@ -94,8 +120,115 @@ def load_point(path: str) -> Point:
         broken = config_violations(problem, problem.config)
         if broken:
             raise ProblemError(path, f"config.{broken[0][0]}", broken[0][1])
-    return Point(problem.name, path, problem, measured, tuple(unknown))
+    return Point(problem.name, path, problem, measured, tuple(unknown), source)
+
+
+def load_point(path: str) -> Point:
+    return _point(read_yaml(path), path)
+
+
+@dataclass
+class Skipped:
+    """A measured row the model cannot express, and why."""
+    path: str
+    row: list
+    reason: str
+
+
+@dataclass
+class Dataset:
+    points: list[Point]
+    skipped: list[Skipped]
+
+
+def _set_path(data: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"{key} is not a section")
+    node[keys[-1]] = value
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_source(path: str, data: dict | None = None) -> Dataset:
+    """Every row of a source file as a point: `common` merged with the row's columns."""
+    data = read_yaml(path) if data is None else data
+    unknown_keys = set(data) - {"source", "common", "columns", "rows", "models", "skipped"}
+    if unknown_keys:
+        raise ProblemError(path, sorted(unknown_keys)[0], "unknown field of a source (source, common, models, columns, rows, skipped)")
+    source = data.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise ProblemError(path, "source", "a source file names its source (the publication or repository and table)")
+    common, columns, rows = data.get("common") or {}, data.get("columns"), data.get("rows")
+    models = data.get("models") or {}
+    if not isinstance(common, dict):
+        raise ProblemError(path, "common", "a mapping of the fields every row shares")
+    if not isinstance(models, dict):
+        raise ProblemError(path, "models", "a mapping of model name -> model spec")
+    if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
+        raise ProblemError(path, "columns", "a list of dotted field paths (name, model, config.tp, measured.value, ...)")
+    if "name" not in columns:
+        raise ProblemError(path, "columns", "a column 'name' names each row's point")
+    if not isinstance(rows, list) or not rows:
+        raise ProblemError(path, "rows", "a list of rows, one value per column")
+    points = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise ProblemError(path, f"rows[{i}]", f"a row needs {len(columns)} values ({', '.join(columns)})")
+        point_data = _merge(common, {})
+        try:
+            for column, value in zip(columns, row):
+                _set_path(point_data, column, value)
+        except ValueError as exc:
+            raise ProblemError(path, f"rows[{i}]", str(exc)) from None
+        model = point_data.get("model")
+        if isinstance(model, str) and model in models:
+            point_data["model"] = {"name": model, **models[model]} if "preset" not in models[model] else dict(models[model])
+        points.append(_point(point_data, path, f"rows[{i}].", source.strip()))
+    skipped = []
+    for i, item in enumerate(data.get("skipped") or []):
+        if not isinstance(item, dict) or set(item) != {"row", "reason"}:
+            raise ProblemError(path, f"skipped[{i}]", "each skipped row is {row: [...], reason: why the model cannot express it}")
+        skipped.append(Skipped(path, item["row"], str(item["reason"])))
+    return Dataset(points, skipped)
+
+
+def expand_paths(paths: list[str]) -> list[str]:
+    """Files as given; a folder stands for its *.yaml files, sorted."""
+    out = []
+    for p in paths:
+        if Path(p).is_dir():
+            out += sorted(str(f) for f in Path(p).glob("*.yaml"))
+        else:
+            out.append(p)
+    return out
+
+
+def load_dataset(paths: list[str]) -> Dataset:
+    points, skipped = [], []
+    for path in expand_paths(paths):
+        data = read_yaml(path)
+        if isinstance(data, dict) and "rows" in data:
+            ds = load_source(path, data)
+            points += ds.points
+            skipped += ds.skipped
+        else:
+            points.append(_point(data, path))
+    seen = {}
+    for p in points:
+        if p.name in seen:
+            raise ProblemError(p.path, "name", f"point '{p.name}' is also defined in {seen[p.name]}")
+        seen[p.name] = p.path
+    return Dataset(points, skipped)
 
 
 def load_points(paths: list[str]) -> list[Point]:
-    return [load_point(p) for p in paths]
+    return load_dataset(paths).points

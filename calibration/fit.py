@@ -18,44 +18,93 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.data import Point
-from calibration.resolve import resolve
+from calibration.resolve import UNEXPLAINED, resolve
 from costmodel.evaluate import evaluate
-from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
+from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE, chip_of
 from costmodel.specs import CalibrationStats, HardwareSpec
+from costmodel.units import GIB
 
-#: knob -> (path in HardwareSpec, lower bound, upper bound)
-KNOBS: dict[str, tuple[tuple[str, ...], float, float]] = {
-    "gemm": (("efficiency", "gemm", "peak_fraction"), 0.2, 1.0),
-    "attention": (("efficiency", "attention", "peak_fraction"), 0.05, 1.0),
-    "memory": (("efficiency", "memory_bound_fraction"), 0.2, 1.0),
-    "node_comm": (("efficiency", "comm_efficiency", "node"), 0.05, 1.0),
-    "cluster_comm": (("efficiency", "comm_efficiency", "cluster"), 0.05, 1.0),
-    "scale_decay": (("efficiency", "scale_decay_exponent"), 0.0, 0.6),
-    "dp_overlap_comm": (("efficiency", "dp_overlap", "beta"), 1.0, 3.0),
-    "tp_overlap_comm": (("efficiency", "tp_overlap", "beta"), 1.0, 3.0),
+#: knob -> (path in HardwareSpec, lower bound, upper bound, prior scale). The prior pulls a knob
+#: toward its documented default in log terms; a knob whose default is 0 (an exponent, a
+#: half-saturation size, an overhead) is pulled toward 0 in units of its scale.
+KNOBS: dict[str, tuple[tuple[str, ...], float, float, float]] = {
+    "gemm": (("efficiency", "gemm", "peak_fraction"), 0.2, 1.0, 1.0),
+    "fp8_gemm": (("efficiency", "fp8_gemm", "peak_fraction"), 0.1, 1.0, 1.0),
+    "attention": (("efficiency", "attention", "peak_fraction"), 0.05, 1.0, 1.0),
+    "attention_te": (("efficiency", "attention_impls", "te", "peak_fraction"), 0.05, 1.0, 1.0),
+    "attention_sdpa": (("efficiency", "attention_impls", "sdpa", "peak_fraction"), 0.05, 1.0, 1.0),
+    "attention_triton": (("efficiency", "attention_impls", "triton", "peak_fraction"), 0.05, 1.0, 1.0),
+    "memory": (("efficiency", "memory_bound_fraction"), 0.2, 1.0, 1.0),
+    "node_comm": (("efficiency", "comm_efficiency", "node"), 0.05, 1.0, 1.0),
+    "cluster_comm": (("efficiency", "comm_efficiency", "cluster"), 0.05, 1.0, 1.0),
+    "scale_decay": (("efficiency", "scale_decay_exponent"), 0.0, 0.6, 1.0),
+    "dp_overlap_comm": (("efficiency", "dp_overlap", "beta"), 1.0, 3.0, 1.0),
+    "tp_overlap_comm": (("efficiency", "tp_overlap", "beta"), 1.0, 3.0, 1.0),
+    "gemm_k_half": (("efficiency", "gemm_k_half"), 0.0, 4096.0, 1024.0),
+    "attention_seq_half": (("efficiency", "attention_seq_half"), 0.0, 16384.0, 4096.0),
+    "kernel_overhead": (("efficiency", "kernel_overhead_us"), 0.5, 50.0, 1.0),
+    "stage_overhead": (("efficiency", "stage_overhead_us"), 0.0, 5000.0, 1000.0),
 }
 DEFAULT_KNOBS = ("gemm", "attention", "node_comm", "cluster_comm", "scale_decay", "dp_overlap_comm")
+#: a knob is fitted only when at least this many points exercise it, and a chip gets at most one
+#: knob per this many points (issue 9: fewer parameters than a tenth of the points)
+POINTS_PER_KNOB = 10
+
+
+def default_knobs(points: list[Point]) -> tuple[str, ...]:
+    """The knobs a set of points can determine: each enters only when POINTS_PER_KNOB points
+    exercise it (an attention implementation's efficiency needs that many runs using it, fp8
+    GEMMs that many fp8 runs, cluster communication that many multi-node runs), in order of how
+    many points inform it, at most one knob per POINTS_PER_KNOB points."""
+    def count(pred) -> int:
+        return sum(1 for p in points if p.measured.fit and pred(p))
+
+    tr = lambda p: p.problem.training  # noqa: E731
+    multi_node = lambda p: p.problem.cluster.num_gpus > p.problem.cluster.gpus_per_node  # noqa: E731
+    candidates = {
+        "gemm": count(lambda p: tr(p).dtypes.compute != "fp8"),
+        "fp8_gemm": count(lambda p: tr(p).dtypes.compute == "fp8"),
+        "attention": count(lambda p: tr(p).attention_impl is None),
+        "attention_te": count(lambda p: tr(p).attention_impl == "te"),
+        "attention_sdpa": count(lambda p: tr(p).attention_impl == "sdpa"),
+        "attention_triton": count(lambda p: tr(p).attention_impl == "triton"),
+        "node_comm": count(lambda p: True),
+        "cluster_comm": count(multi_node),
+        "scale_decay": count(lambda p: p.problem.cluster.num_gpus >= 512),
+        "kernel_overhead": count(lambda p: True),
+    }
+    ranked = sorted((k for k, n in candidates.items() if n >= POINTS_PER_KNOB), key=lambda k: -candidates[k])
+    budget = max(1, count(lambda p: True) // POINTS_PER_KNOB)
+    return tuple(ranked[:budget])
 #: weight of log(knob / default) against log(predicted / measured): a 25% move of a knob costs
 #: what a 5% miss on one point costs
 PRIOR_WEIGHT = 0.2
+
+
+def _node(data: dict, path: tuple[str, ...], create: bool):
+    """The dict holding the last key of `path`. An attention implementation not in the profile
+    yet starts as a copy of the attention curve (what it runs at until fitted)."""
+    node = data
+    for i, key in enumerate(path[:-1]):
+        if key not in node and create and path[i - 1] == "attention_impls":
+            node[key] = dict(data["efficiency"]["attention"])
+        elif key not in node and path[i - 1] == "attention_impls":
+            return data["efficiency"]["attention"]
+        node = node[key]
+    return node
 
 
 def apply(hw: HardwareSpec, values: dict[str, float]) -> HardwareSpec:
     data = hw.model_dump()
     for knob, value in values.items():
         path = KNOBS[knob][0]
-        node = data
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = float(value)
+        _node(data, path, create=True)[path[-1]] = float(value)
     return HardwareSpec.model_validate(data)
 
 
 def read(hw: HardwareSpec, knob: str) -> float:
-    node = hw.model_dump()
-    for key in KNOBS[knob][0]:
-        node = node[key]
-    return float(node)
+    path = KNOBS[knob][0]
+    return float(_node(hw.model_dump(), path, create=False)[path[-1]])
 
 
 @dataclass
@@ -69,6 +118,20 @@ class PointResult:
     loo_predicted_step_s: float | None = None
     fits: bool = True
     source: str = ""
+    unexplained: str | None = None  # why the model cannot explain the point; it is not scored
+    predicted_peak_gib: float | None = None
+    measured_peak_gib: float | None = None
+
+    @property
+    def scored(self) -> bool:
+        """Counts in the accuracy figures: fitted and explained."""
+        return self.fitted and self.unexplained is None
+
+    @property
+    def memory_error_pct(self) -> float | None:
+        if self.measured_peak_gib is None or self.predicted_peak_gib is None:
+            return None
+        return 100.0 * (self.predicted_peak_gib / self.measured_peak_gib - 1.0)
 
     @property
     def error_pct(self) -> float:
@@ -87,6 +150,21 @@ def predict(point: Point, hw: HardwareSpec, configs: dict) -> tuple[float, bool]
     return float(ev.step_time_s[0]), bool(ev.fits[0])
 
 
+def point_result(point: Point, hw: HardwareSpec, cfg, chosen: dict) -> PointResult:
+    """The prediction for one point with its resolved configuration, as calibrate and validate
+    report it."""
+    if cfg is None:  # no admissible configuration: nothing to predict
+        return PointResult(point.name, point.hardware, point.step_time_s(), math.nan, {}, point.measured.fit, fits=False,
+                           source=point.source, unexplained=chosen.get(UNEXPLAINED), measured_peak_gib=point.measured.peak_memory_gib)
+    ev = evaluate_point(point, hw, cfg)
+    return PointResult(
+        point.name, point.hardware, point.step_time_s(), float(ev.step_time_s[0]),
+        {k: v for k, v in chosen.items() if k != UNEXPLAINED}, point.measured.fit, fits=bool(ev.fits[0]), source=point.source,
+        unexplained=chosen.get(UNEXPLAINED), predicted_peak_gib=float(ev.memory_bytes["peak"][0]) / GIB,
+        measured_peak_gib=point.measured.peak_memory_gib,
+    )
+
+
 def evaluate_point(point: Point, hw: HardwareSpec, cfg):
     return evaluate(point.problem.model_copy(update={"hardware": hw}), cfg)
 
@@ -102,21 +180,50 @@ def starting_hardware(point: Point) -> HardwareSpec:
     return hw
 
 
+#: knobs that set one attention implementation's efficiency
+IMPL_KNOBS = {"attention_te": "te", "attention_sdpa": "sdpa", "attention_triton": "triton"}
+
+
+def bears_on(point: Point, knob: str, knobs: tuple[str, ...]) -> bool:
+    """Whether a knob can change the point's prediction: an implementation's attention curve
+    only its runs, the generic attention curve the runs whose implementation has no knob of its
+    own, fp8 GEMM efficiency only fp8 runs; every other knob all runs."""
+    tr = point.problem.training
+    if knob in IMPL_KNOBS:
+        return tr.attention_impl == IMPL_KNOBS[knob]
+    if knob == "attention":
+        return tr.attention_impl is None or f"attention_{tr.attention_impl}" not in knobs
+    if knob == "fp8_gemm":
+        return tr.dtypes.compute == "fp8"
+    return True
+
+
 def _fit(points: list[Point], starts: dict, knobs: tuple[str, ...], configs: dict, start: np.ndarray | None = None) -> np.ndarray:
     lo = np.array([KNOBS[k][1] for k in knobs])
     hi = np.array([KNOBS[k][2] for k in knobs])
+    scale = np.array([KNOBS[k][3] for k in knobs])
     reference = starts[points[0].name] if points else None
     prior = np.array([read(reference, k) for k in knobs]) if reference is not None else (lo + hi) / 2
     x0 = np.clip(start if start is not None else prior, lo + 1e-6, hi - 1e-6)
     measured = np.array([p.step_time_s() for p in points])
 
+    used = {p.name: tuple(i for i, k in enumerate(knobs) if bears_on(p, k, knobs)) for p in points}
+    memo: dict[tuple, float] = {}
+
+    def predicted(p, x) -> float:
+        # a point is re-evaluated only when a knob that bears on it moved (finite differences
+        # perturb one knob at a time; most knobs touch a subset of the points)
+        key = (p.name, *(float(x[i]) for i in used[p.name]))
+        if key not in memo:
+            memo[key] = predict(p, apply(starts[p.name], {knobs[i]: x[i] for i in used[p.name]}), configs)[0]
+        return memo[key]
+
     def residuals(x):
-        values = dict(zip(knobs, x))
-        pred = np.array([predict(p, apply(starts[p.name], values), configs)[0] for p in points])
+        pred = np.array([predicted(p, x) for p in points])
         # a weak prior toward the profile's documented defaults: a knob only one point informs
         # stays near its default instead of absorbing that point's idiosyncrasies
         # (an exponent defaults to 0: its prior is on the value itself)
-        pull = np.where(prior > 0, np.log(np.maximum(x, 1e-9) / np.where(prior > 0, prior, 1.0)), x)
+        pull = np.where(prior > 0, np.log(np.maximum(x, 1e-9) / np.where(prior > 0, prior, 1.0)), x / scale)
         return np.concatenate([np.log(pred / measured), PRIOR_WEIGHT * pull])
 
     if len(points) == 0:
@@ -136,63 +243,64 @@ class Calibration:
         return self.hardware.efficiency.calibration
 
 
-def source_of(point: Point) -> str:
-    """The group a point is held out with under source cross-validation: its publication."""
-    return point.measured.source
-
-
 def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: bool = True, rounds: int = 3,
               cross_validate: str = "point") -> Calibration:
-    """Fit `knobs` on the points (all on one GPU). Each point keeps its own hardware; the knobs
-    are applied on top of it. Cross-validation refits without each held-out group and predicts
-    it: `point` (leave one out) or `source` (leave one source out: every point of a
-    publication held out at once, the test that says how the model does on runs it never saw)."""
-    names = {p.hardware for p in points}
-    if len(names) != 1:
-        raise ValueError(f"calibrate one GPU at a time (got {', '.join(sorted(names))})")
+    """Fit `knobs` on the points, all on one chip (A100 40 and 80 GB pool: kernel efficiency is
+    the die's). Each point keeps its own hardware; the knobs are applied on top of it. Points the
+    model cannot explain (resolve's UNEXPLAINED) are reported and left out of the fit and of
+    every figure. Cross-validation refits without each held-out group and predicts it: `point`
+    (leave one out) or `source` (leave one source out: every point of a measurement campaign
+    held out at once, the test that says how the model does on runs it never saw)."""
+    chips = {chip_of(p.problem.hardware) for p in points}
+    if len(chips) != 1:
+        raise ValueError(f"calibrate one chip at a time (got {', '.join(sorted(chips))})")
     if cross_validate not in ("point", "source"):
         raise ValueError(f"unknown cross-validation '{cross_validate}' (point or source)")
-    fit_points = [p for p in points if p.measured.fit]
-    if len(fit_points) <= len(knobs):
-        raise ValueError(f"{len(fit_points)} fitted points cannot determine {len(knobs)} parameters; give more points or fewer knobs")
     starts = {p.name: starting_hardware(p) for p in points}
     configs, picks = {}, {}
+    for p in points:
+        configs[p.name], picks[p.name] = resolve(p, starts[p.name])
+    fit_points = [p for p in points if p.measured.fit and UNEXPLAINED not in picks[p.name]]
+    if len(fit_points) <= len(knobs):
+        raise ValueError(f"{len(fit_points)} fitted, explained points cannot determine {len(knobs)} parameters; give more points or fewer knobs")
     x = None
     for _ in range(rounds):  # resolve the unknowns with the current profile, refit, until stable
         changed = False
-        for p in points:
+        for p in fit_points:
+            if not p.unknown and x is not None:
+                continue  # nothing to resolve
             current = starts[p.name] if x is None else apply(starts[p.name], dict(zip(knobs, x)))
             cfg, chosen = resolve(p, current)
-            if p.name not in picks or picks[p.name] != chosen:
+            if picks[p.name] != chosen:
                 changed = True
             configs[p.name], picks[p.name] = cfg, chosen
         if not changed and x is not None:
             break
-        x = _fit(fit_points, starts, knobs, configs, x)
+        x = _fit([p for p in fit_points if UNEXPLAINED not in picks[p.name]], starts, knobs, configs, x)
     values = dict(zip(knobs, x))
 
-    results = []
-    for p in points:
-        pred, fits = predict(p, apply(starts[p.name], values), configs)
-        results.append(PointResult(p.name, p.hardware, p.step_time_s(), pred, picks[p.name], p.measured.fit, fits=fits, source=source_of(p)))
+    results = [point_result(p, apply(starts[p.name], values), configs[p.name], picks[p.name]) for p in points]
+    by_name = {r.name: r for r in results}
+    scored = [p for p in points if by_name[p.name].scored]
     if loo:
-        key = (lambda p: p.name) if cross_validate == "point" else source_of
+        key = (lambda p: p.name) if cross_validate == "point" else (lambda p: p.source)
         groups: dict[str, list[Point]] = {}
-        for p in fit_points:
+        for p in scored:
             groups.setdefault(key(p), []).append(p)
         for held in groups.values():
             names_out = {p.name for p in held}
-            others = [p for p in fit_points if p.name not in names_out]
+            others = [p for p in scored if p.name not in names_out]
             if len(others) <= len(knobs):
                 continue  # too few points left to fit: no out-of-sample prediction for this group
             x_cv = _fit(others, starts, knobs, configs, x)
             for p in held:
                 trial = apply(starts[p.name], dict(zip(knobs, x_cv)))
-                cfg_i, _ = resolve(p, trial)
-                pred_i, _ = predict(p, trial, {p.name: cfg_i})
-                next(r for r in results if r.name == p.name).loo_predicted_step_s = pred_i
+                cfg_i, chosen_i = resolve(p, trial) if p.unknown else (configs[p.name], picks[p.name])
+                if UNEXPLAINED in chosen_i:
+                    continue
+                by_name[p.name].loo_predicted_step_s = predict(p, trial, {p.name: cfg_i})[0]
 
-    fitted = [r for r in results if r.fitted]
+    fitted = [r for r in results if r.scored]
     logs = np.array([math.log(r.predicted_step_s / r.measured_step_s) for r in fitted])
     loo_logs = [math.log(r.loo_predicted_step_s / r.measured_step_s) for r in fitted if r.loo_predicted_step_s]
     spread = np.array(loo_logs) if loo_logs else logs
@@ -202,11 +310,14 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: 
         mape_pct=float(np.mean([abs(r.error_pct) for r in fitted])),
         loo_mape_pct=float(np.mean([abs(r.loo_error_pct) for r in fitted if r.loo_error_pct is not None])) if loo_logs else None,
         max_abs_error_pct=float(max(abs(r.error_pct) for r in fitted)),
-        data=[r.name for r in fitted],
+        data=sorted({r.source for r in fitted}),
         cross_validation=cross_validate if loo_logs else None,
     )
     base = apply(starts[fit_points[0].name], values)
-    efficiency = base.efficiency.model_copy(update={"calibration": stats, "source": f"calibrated on {len(fitted)} public measured runs (problems/validation): {', '.join(stats.data)}"})
+    efficiency = base.efficiency.model_copy(update={
+        "calibration": stats,
+        "source": f"calibrated on {len(fitted)} public measured runs from {len(stats.data)} sources (problems/validation): {'; '.join(stats.data)}",
+    })
     return Calibration(base.model_copy(update={"efficiency": efficiency}), {k: float(v) for k, v in values.items()}, results)
 
 
@@ -214,7 +325,7 @@ def cross_validation_summary(results: list[PointResult], log_residual_sd: float)
     """Out-of-sample figures of a calibration (issue 9's JSON key `cross_validation`): per GPU
     and per source the MAPE, worst error and count of the held-out predictions, and the share of
     points inside their 90% interval (prediction x exp(+-1.645 sd))."""
-    held = [r for r in results if r.fitted and r.loo_predicted_step_s]
+    held = [r for r in results if r.scored and r.loo_predicted_step_s]
 
     def stats(rows):
         errors = [abs(r.loo_error_pct) for r in rows]

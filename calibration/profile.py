@@ -13,19 +13,26 @@ PROFILE_DIR = Path(__file__).resolve().parents[1] / "costmodel" / "presets" / "p
 
 
 def profile_document(cal, command: str) -> dict:
+    from calibration.fit import cross_validation_summary
+
+    stats = cal.hardware.efficiency.calibration
     return {
         "hardware": cal.hardware.name,
         "command": command,
         "knobs": {k: round(v, 6) for k, v in cal.knobs.items()},
         "efficiency": cal.hardware.efficiency.model_dump(mode="json"),
+        "cross_validation": cross_validation_summary(cal.results, stats.log_residual_sd) if stats.cross_validation else None,
         "residuals": [
             {
                 "name": r.name,
+                "hardware": r.hardware,
+                "source": r.source,
                 "fitted": r.fitted,
                 "measured_step_s": round(r.measured_step_s, 6),
                 "predicted_step_s": round(r.predicted_step_s, 6),
                 "error_pct": round(r.error_pct, 3),
                 "loo_error_pct": None if r.loo_error_pct is None else round(r.loo_error_pct, 3),
+                "unexplained": r.unexplained,
                 "resolved": r.resolved,
             }
             for r in cal.results

@@ -6,17 +6,31 @@ from __future__ import annotations
 
 from calibration.data import Point
 from costmodel.configs import ConfigBatch
+from costmodel.evaluate import evaluate
 from costmodel.layout import layout_name
+from costmodel.rules import config_violations
 from costmodel.specs import FEATURES, ConfigSpec, HardwareSpec, Problem
+from costmodel.units import GIB
 from optimizer.exhaustive import solve_exhaustive
 
+#: the key of a resolution that says why the model cannot explain the point
+UNEXPLAINED = "unexplained"
 
-def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch, dict]:
-    """(the configuration to score, the values chosen for the unknown fields)."""
+
+def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigBatch | None, dict]:
+    """(the configuration to score, the values chosen for the unknown fields). A point the
+    model cannot explain -- its stated configuration does not fit the memory estimate, or no
+    admissible value of its unknown fields fits -- says so under the key UNEXPLAINED; its
+    configuration (None when no admissible one exists) is returned for display only and is never
+    scored into an accuracy figure."""
     problem = point.problem if hardware is None else point.problem.model_copy(update={"hardware": hardware})
     known: ConfigSpec = problem.config
     if not point.unknown:
-        return ConfigBatch.from_specs(problem, [known]), {}
+        cfg = ConfigBatch.from_specs(problem, [known])
+        peak = float(evaluate(problem, cfg).memory_bytes["peak"][0])
+        if peak > problem.hardware.memory_bytes:
+            return cfg, {UNEXPLAINED: f"the stated configuration needs {peak / GIB:.1f} of {problem.hardware.memory_bytes / GIB:.1f} GiB in the model's memory estimate"}
+        return cfg, {}
     fixed = ConfigBatch.from_specs(problem, [known])
     search = {"tp": [known.tp], "cp": [known.cp], "pp": [known.pp], "ep": [known.ep]}
     if known.etp is not None:
@@ -64,18 +78,24 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
         "features": problem.features.model_copy(update=features),
     })
     result = solve_exhaustive(sub, "step", 1)
-    note = {}
     if result.top_configs is None:
-        # the run happened, so it fitted; our memory estimate disagrees. Take the fastest
-        # admissible choice regardless of memory and say so.
+        # the run happened, so it fitted: the model cannot explain it. Say which of its rules
+        # or its memory estimate stands in the way; never score it with them switched off.
         roomy = sub.hardware.model_copy(update={"memory_mib": 2**40, "host_memory_gb_per_node": 1e12})
-        result = solve_exhaustive(sub.model_copy(update={"hardware": roomy}), "step", 1)
-        note = {"memory": "no choice fits the model's memory estimate; the fastest is scored"}
-        if result.top_configs is None:
-            return fixed, {"unresolved": "no admissible value of the unknown fields; scored with the stated fields"}
+        unlimited = solve_exhaustive(sub.model_copy(update={"hardware": roomy}), "step", 1)
+        if unlimited.top_configs is None:
+            broken = config_violations(problem, known)
+            why = f" (with them at their defaults: {'; '.join(f'{f}: {m}' for f, m in broken)})" if broken else ""
+            return None, {UNEXPLAINED: f"no value of the unknown fields is admissible under the stated ones{why}"}
+        peak = float(evaluate(sub.model_copy(update={"hardware": roomy}), unlimited.top_configs.take([0])).memory_bytes["peak"][0])
+        return unlimited.top_configs.take([0]), {
+            UNEXPLAINED: f"no value of the unknown fields fits the model's memory estimate (the fastest needs {peak / GIB:.1f} of {sub.hardware.memory_bytes / GIB:.1f} GiB)"
+        }
     chosen = result.top_configs.row(0)
-    picks = {name: chosen[name] for name in point.unknown}
-    picks.update(note)
+    picks = {name: chosen[name] for name in point.unknown if name != "layer_split"}
+    if "layer_split" in point.unknown:
+        picks["layer_split"] = f"{chosen['first_stage_layers']}/{chosen['last_stage_layers']} layers on the first/last stage"
+
     return result.top_configs, picks
 
 

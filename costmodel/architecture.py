@@ -298,7 +298,7 @@ def total_params(m: ModelSpec) -> int:
     emb = m.vocab_size * m.hidden_size
     head = 0 if m.tied_embeddings else emb
     return (
-        sum(layer_params(m, kind) for kind in m.layer_kinds())
+        sum(n * layer_params(m, kind) for kind, n in m.kind_counts().items())
         + m.mtp_layers * mtp_params(m)
         + emb
         + head

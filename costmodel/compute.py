@@ -15,7 +15,8 @@ K-term the main loop's share of a tile's time (prologue and epilogue). The backw
 a data-gradient GEMM (M x K output over N) and a weight-gradient GEMM (K x N output over the M
 tokens): each is timed at its own shape. Fused attention runs at peak_fraction * L/(L + seq_half)
 with L the query tokens of one call, its backward `attention_backward_ratio` times the
-forward. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
+forward; each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton) may have
+its own curve. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
 attention and everything else stay in bf16 (Transformer Engine's and torchao's behaviour).
 """
 
@@ -29,9 +30,10 @@ from costmodel.units import GB, TFLOP, US
 
 
 class ComputeModel:
-    def __init__(self, hw: HardwareSpec, compute_dtype: str, dtype_bytes: int):
+    def __init__(self, hw: HardwareSpec, compute_dtype: str, dtype_bytes: int, attention_impl: str | None = None):
         self.hw = hw
         self.eff = hw.efficiency
+        self.attention_curve = self.eff.attention_impls.get(attention_impl, self.eff.attention) if attention_impl else self.eff.attention
         self.fp8 = compute_dtype == "fp8"
         self.peak = hw.peak(compute_dtype) * TFLOP  # GEMMs
         self.attention_peak = hw.peak("bf16" if self.fp8 and "bf16" in hw.peak_tflops else compute_dtype) * TFLOP
@@ -53,7 +55,7 @@ class ComputeModel:
         peak = self.attention_peak if kind in ("attention", "linear_attention") else self.peak
         if kind in ("gemm", "grouped_gemm") and self.fp8:
             kind = "fp8_gemm"
-        curve: Curve = getattr(self.eff, kind)
+        curve: Curve = self.attention_curve if kind == "attention" else getattr(self.eff, kind)
         if mode == "roofline":
             return np.minimum(intensity * self.hbm, peak)
         return np.minimum(curve.bandwidth_fraction * intensity * self.hbm, curve.peak_fraction * peak * shape)

@@ -150,7 +150,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     works = [arch.layer_work(m, tr, shard, d_act, kind) for kind in model_kinds(m, tr)]
     edge = arch.edges(m, tr, shard, d_act)
 
-    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
+    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
     net = Network(hw, cl)
     where = place(cl.placement, cfg, net)
     host = (hw.d2h_gb_per_s * eff.host_link_efficiency * GB, hw.h2d_gb_per_s * eff.host_link_efficiency * GB)
@@ -309,7 +309,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     G = cl.num_gpus
     moe = m.moe is not None
     lc = shared_layer_costs(problem, cfg)
-    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute])
+    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
     net = Network(hw, cl)
     groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
     x = cfg.derived()

@@ -51,7 +51,7 @@ def mtp_forward_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False
 
 def model_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
     fwd = (
-        sum(layer_forward_flops_per_token(m, seq_len, kind, causal) for kind in m.layer_kinds())
+        sum(n * layer_forward_flops_per_token(m, seq_len, kind, causal) for kind, n in m.kind_counts().items())
         + m.mtp_layers * mtp_forward_flops_per_token(m, seq_len, causal)
         + 2.0 * m.hidden_size * m.vocab_size
     )
@@ -72,7 +72,7 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
     def on(name):
         return ((mods & BITS[name]) != 0) * 1.0
 
-    attention = sum(attention_flops_per_token(m, seq_len, False, a) for a, _ in m.layer_kinds())
+    attention = sum(n * attention_flops_per_token(m, seq_len, False, a) for (a, _), n in m.kind_counts().items())
     dense_mlp = m.num_dense_layers * 2.0 * mlp_params(m, m.ffn_hidden_size)
     shared = moe_block = up_proj = 0.0
     if m.moe is not None:
@@ -85,7 +85,7 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
         up_proj = m.num_layers * 2.0 * up
     selective = (on("core_attn") * attention + on("mlp") * dense_mlp + on("moe") * moe_block
                  + (1.0 - on("moe")) * on("shared_experts") * shared + on("mla_up_proj") * up_proj)
-    full = sum(layer_forward_flops_per_token(m, seq_len, kind) for kind in m.layer_kinds())
+    full = sum(n * layer_forward_flops_per_token(m, seq_len, kind) for kind, n in m.kind_counts().items())
     stage = np.maximum(np.floor(m.num_layers / np.maximum(cfg.pp * cfg.vp, 1.0)), 1.0)
     covered = np.where(cfg.recompute_method == 1, np.minimum(cfg.recompute_layers, stage) / stage, 1.0)
     return np.select([cfg.recompute == 1, cfg.recompute == 2], [selective, covered * full], 0.0)

@@ -147,6 +147,13 @@ class ModelSpec(Spec):
         mlp = ["dense" if i < x.first_dense_layers or i in dense or (i + 1) % x.sparse_step else "moe" for i in range(self.num_layers)]
         return list(zip(attention, mlp))
 
+    def kind_counts(self) -> dict[tuple[str, str], int]:
+        """How many layers of each kind (sums over layers take a kind's value times its count)."""
+        counts: dict[tuple[str, str], int] = {}
+        for kind in self.layer_kinds():
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
     def kinds(self) -> list[tuple[str, str]]:
         """The distinct layer kinds, in order of first appearance."""
         return list(dict.fromkeys(self.layer_kinds()))
@@ -197,7 +204,7 @@ class CalibrationStats(Spec):
     mape_pct: float = Field(ge=0)
     loo_mape_pct: float | None = Field(default=None, ge=0, description="MAPE of the cross-validated (held-out) predictions")
     max_abs_error_pct: float = Field(ge=0)
-    data: list[str] = []
+    data: list[str] = Field(default=[], description="the sources (measurement campaigns) of the fitted points")
     cross_validation: Literal["point", "source"] | None = Field(default=None, description="what was held out for loo_mape_pct and the interval")
 
 
@@ -214,6 +221,13 @@ class EfficiencyProfile(Spec):
     grouped_gemm: Curve = Curve(peak_fraction=0.65)
     fp8_gemm: Curve = Field(default=Curve(peak_fraction=0.6), description="GEMMs in fp8 (Transformer Engine, torchao float8): a fraction of the fp8 peak")
     attention: Curve = Curve(peak_fraction=0.55)
+    attention_impls: dict[Literal["te", "sdpa", "triton"], Curve] = Field(
+        default={},
+        description="fused-attention implementations with their own efficiency (training.attention_impl): te = "
+        "Transformer Engine's cuDNN/flash kernels (Megatron, NeMo), sdpa = PyTorch scaled_dot_product_attention "
+        "(FlashAttention-2 backend: torchtitan, FSDP scripts), triton = the Triton flash attention of llm-foundry; "
+        "an implementation not listed runs at `attention`",
+    )
     linear_attention: Curve = Field(
         default=Curve(peak_fraction=0.3),
         description="the chunked linear-attention kernels (flash-linear-attention's Gated DeltaNet): an assumption "
@@ -289,6 +303,11 @@ class HardwareSpec(Spec):
     intra_node_gb_per_s: float = Field(gt=0, description="scale-up (NVLink) bandwidth per GPU, one direction")
     inter_node_gb_per_s: float = Field(gt=0, description="scale-out (NIC) bandwidth per GPU, one direction")
     sm_count: Count | None = Field(default=None, gt=0, description="streaming multiprocessors: the GEMM waves' width (None: no wave quantization)")
+    chip: str | None = Field(
+        default=None,
+        description="the GPU die (ga100, gh100): presets on one chip share a calibrated efficiency profile, since kernel "
+        "efficiencies are properties of the die while capacities and bandwidths stay each preset's own (None: its own name)",
+    )
     intra_node_latency_us: float = Field(default=3.0, ge=0)
     inter_node_latency_us: float = Field(default=10.0, ge=0)
     cpu_optimizer_params_per_s: float = Field(
@@ -441,6 +460,11 @@ class TrainingSpec(Spec):
     tokens: float | None = Field(default=None, gt=0, description="dataset tokens; steps = ceil(tokens/(GBS*seq))")
     dtypes: DtypeSpec = DtypeSpec()
     attention_kernel: Literal["flash", "unfused"] = "flash"
+    attention_impl: Literal["te", "sdpa", "triton"] | None = Field(
+        default=None,
+        description="which fused-attention implementation the framework runs (its efficiency: "
+        "efficiency.attention_impls); None: the profile's attention curve",
+    )
     sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
     p2p_scatter_gather: bool = Field(
         default=False,

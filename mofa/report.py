@@ -143,29 +143,68 @@ def render_calibration(doc: dict) -> str:
     eff = doc["efficiency"]
     cal = eff["calibration"]
     lines = [f"{doc['hardware']}: fitted {', '.join(f'{k}={v:.3f}' for k, v in doc['knobs'].items())}", ""]
-    rows = [[r["name"], "yes" if r["fitted"] else "validate", r["measured_step_s"], r["predicted_step_s"], f"{r['error_pct']:+.1f}",
-             "-" if r["loo_error_pct"] is None else f"{r['loo_error_pct']:+.1f}", ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
+    rows = [[r["name"], "unexplained" if r.get("unexplained") else ("yes" if r["fitted"] else "validate"), r["measured_step_s"], r["predicted_step_s"],
+             f"{r['error_pct']:+.1f}", "-" if r["loo_error_pct"] is None else f"{r['loo_error_pct']:+.1f}",
+             ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
             for r in doc["residuals"]]
-    lines.append(table(["point", "fitted", "measured s", "predicted s", "error %", "LOO %", "unknowns resolved"], rows, "llrrrrl"))
+    held = cal.get("cross_validation") or "point"
+    lines.append(table(["point", "fitted", "measured s", "predicted s", "error %", f"held-out ({held}) %", "unknowns resolved"], rows, "llrrrrl"))
     loo = f"{cal['loo_mape_pct']:.2f}%" if cal.get("loo_mape_pct") is not None else "-"
-    lines += ["", f"{cal['points']} fitted points: MAPE {cal['mape_pct']:.2f}%, worst {cal['max_abs_error_pct']:.1f}%, leave-one-out MAPE {loo}; "
-              f"log-residual sd {cal['log_residual_sd']:.3f} (the prediction interval)"]
+    lines += ["", f"{cal['points']} fitted points: MAPE {cal['mape_pct']:.2f}% (in sample), worst {cal['max_abs_error_pct']:.1f}%, "
+              f"leave-one-{held}-out MAPE {loo}; log-residual sd {cal['log_residual_sd']:.3f} (the prediction interval)"]
+    for r in doc["residuals"]:
+        if r.get("unexplained"):
+            lines.append(f"unexplained (not fitted, not scored): {r['name']}: {r['unexplained']}")
+    cv = doc.get("cross_validation")
+    if cv:
+        for name, s in {**cv["per_gpu"], **cv["per_source"]}.items():
+            lines.append(f"  held out: {name}: MAPE {s['mape_pct']:.2f}% over {s['n']} points, worst {s['max_abs_error_pct']:.1f}%")
+        if cv["interval_coverage"] is not None:
+            lines.append(f"  90% intervals cover {100 * cv['interval_coverage']:.0f}% of the held-out points")
     return "\n".join(lines)
 
 
 def render_validation(out: dict) -> str:
-    rows = [[r["name"], r["hardware"], "yes" if r["fitted"] else "no", r["measured_step_s"], r["predicted_step_s"], f"{r['error_pct']:+.1f}",
-             r["measured_tflops_per_gpu"], r["predicted_tflops_per_gpu"], ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
+    def pct(v):
+        return "-" if v is None else f"{v:+.1f}"
+
+    rows = [[r["name"], r["hardware"], "yes" if r["fitted"] else "no", r["measured_step_s"], r["predicted_step_s"],
+             "unexplained" if r["unexplained"] else pct(r["error_pct"]),
+             "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.1f}",
+             "-" if r["predicted_peak_gib"] is None else f"{r['predicted_peak_gib']:.1f}",
+             ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
             for r in out["points"]]
-    lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas TFLOP/s", "pred TFLOP/s", "unknowns resolved"], rows, "lllrrrrrl"),
-             "TFLOP/s: model FLOPs per GPU as `mofa evaluate` counts them (full attention score matrix); a source's own figure may",
-             "count differently (its file's flops_convention), which is why a measured TFLOP/s here can differ from the published one.", ""]
+    lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas GiB", "pred GiB", "unknowns resolved"], rows, "lllrrrrrl"), ""]
+
+    def figures(s):
+        if not s["n"]:
+            return "no scored points"
+        return f"MAPE {s['mape_pct']:.2f}% over {s['n']} points, worst {s['max_abs_error_pct']:.1f}%"
+
     for name, s in out["per_hardware"].items():
-        if s["points"]:
-            loo = f", leave-one-out MAPE {s['loo_mape_pct']:.2f}%" if s["loo_mape_pct"] is not None else ""
-            lines.append(f"{name} ({s['profile']} profile): MAPE {s['mape_pct']:.2f}% over {s['points']} fitted points, worst {s['max_abs_error_pct']:.1f}%{loo}")
+        extra = f"; {s['unexplained']} unexplained" if s["unexplained"] else ""
+        lines.append(f"{name} ({s['profile']} profile): {figures(s)}{extra}")
+    lines.append("")
+    for name, s in out["per_source"].items():
+        extra = f"; {s['unexplained']} unexplained" if s["unexplained"] else ""
+        lines.append(f"{name}: {figures(s)}{extra}")
     if out["mape_pct"] is not None:
-        lines.append(f"all fitted points: MAPE {out['mape_pct']:.2f}%, worst {out['max_abs_error_pct']:.1f}%")
+        lines += ["", f"all scored points (in sample where the profile was fitted on them): MAPE {out['mape_pct']:.2f}%, worst {out['max_abs_error_pct']:.1f}%"]
+    if out["peak_memory"]["n"]:
+        lines.append(f"peak memory where the source states it: {figures(out['peak_memory'])}")
+    for u in out["unexplained"]:
+        lines.append(f"unexplained: {u['name']}: {u['reason']}")
+    if out.get("skipped"):
+        lines.append(f"{len(out['skipped'])} measured rows the model cannot express (listed with their reasons in the files' skipped sections)")
+    cv = out.get("cross_validation")
+    if cv:
+        lines += ["", f"cross-validation, leave one {cv['held_out']} out (held-out predictions):"]
+        for name, s in cv["per_gpu"].items():
+            lines.append(f"  {name}: MAPE {s['mape_pct']:.2f}% over {s['n']} points, worst {s['max_abs_error_pct']:.1f}%")
+        for name, s in cv["per_source"].items():
+            lines.append(f"  {name}: MAPE {s['mape_pct']:.2f}% over {s['n']} points, worst {s['max_abs_error_pct']:.1f}%")
+        if cv["interval_coverage"] is not None:
+            lines.append(f"  90% intervals (log-residual sd {cv['log_residual_sd']:.3f}) cover {100 * cv['interval_coverage']:.0f}% of the held-out points")
     if out.get("memory_checks"):
         lines += ["", table(["memory check", "predicted", "published", "unit", "error %"],
                             [[m["name"], m["predicted"], m["published"], m["unit"], f"{m['error_pct']:+.1f}"] for m in out["memory_checks"]], "lrrlr")]

@@ -68,6 +68,7 @@ _register(HardwareSpec(
     source="NVIDIA A100 datasheet (SXM4 80GB); DGX A100 user guide; Selene network per Narayanan et al. 2021",
     peak_tflops={"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
     sm_count=108,  # A100 whitepaper: 108 SMs
+    chip="ga100",
     memory_mib=81920,  # nvidia-smi on A100-SXM4-80GB: 81,920 MiB
     memory_bandwidth_gb_per_s=2039,  # HBM2e
     host_memory_gb_per_node=2048,  # DGX A100: 2 TB
@@ -78,6 +79,28 @@ _register(HardwareSpec(
     cpu_optimizer_params_per_s=1.0e9,  # ZeRO-Offload (Ren et al. 2021) Table 3 CPU-Adam 4.5e9 params/s per 48-core host, scaled to 16 of DGX A100's 128 cores
     efficiency=EfficiencyProfile(
         source="defaults before calibration: cuBLAS bf16 GEMM ~80% of peak; FlashAttention-2 50-73% on A100",
+        gemm=Curve(peak_fraction=0.8),
+        grouped_gemm=Curve(peak_fraction=0.7),
+        attention=Curve(peak_fraction=0.6),
+    ),
+))
+
+_register(HardwareSpec(
+    name="a100-40gb",
+    source="NVIDIA A100 datasheet (SXM4 40GB); MosaicML's A100-40GB cluster per llm-foundry's benchmark README (calibration_more.yaml hw_new.A100_40GB)",
+    peak_tflops={"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+    sm_count=108,  # the A100 die: 108 SMs
+    chip="ga100",
+    memory_mib=40960,  # nvidia-smi on A100-SXM4-40GB: 40,960 MiB
+    memory_bandwidth_gb_per_s=1555,  # HBM2, A100 datasheet
+    host_memory_gb_per_node=1024,  # DGX A100 (320 GB): 1 TB
+    h2d_gb_per_s=32,  # PCIe Gen4 x16
+    d2h_gb_per_s=32,
+    intra_node_gb_per_s=300,  # NVLink3: 600 GB/s bidirectional
+    inter_node_gb_per_s=25,  # llm-foundry README: 1600 Gb/s RoCE node to node = 200 GB/s per 8-GPU node
+    cpu_optimizer_params_per_s=1.0e9,  # as A100-80GB
+    efficiency=EfficiencyProfile(
+        source="defaults before calibration, as A100-80GB (the same die)",
         gemm=Curve(peak_fraction=0.8),
         grouped_gemm=Curve(peak_fraction=0.7),
         attention=Curve(peak_fraction=0.6),
@@ -96,6 +119,7 @@ _register(HardwareSpec(
     source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide; calibration.yaml hw.H100_SXM",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
     sm_count=132,  # H100 SXM5 datasheet: 132 SMs
+    chip="gh100",
     memory_mib=81559,  # nvidia-smi on H100 80GB HBM3: 81,559 MiB
     memory_bandwidth_gb_per_s=3350,  # HBM3
     host_memory_gb_per_node=2048,  # DGX H100: 2 TB
@@ -108,10 +132,28 @@ _register(HardwareSpec(
 ))
 
 _register(HardwareSpec(
+    name="h100-96gb",
+    source="Meta Grand Teton H100 with 96 GB HBM2e at 2.4 TB/s and 500 W (torchtitan's benchmark platform; calibration_more.yaml hw_new.H100_GrandTeton_HBM2e); torchtitan says its true peak lies between H100 SXM and NVL, unknown: the SXM peaks are used, as torchtitan's MFU does",
+    peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
+    sm_count=132,  # the H100 SXM die
+    chip="gh100",
+    memory_mib=97871,  # 96 GiB nominal; the exposed size is not published: an 80 GB H100 exposes 81,559 MiB = 99.6% of 80 GiB, applied here
+    memory_bandwidth_gb_per_s=2400,  # HBM2e, calibration_more.yaml hw_new
+    host_memory_gb_per_node=2048,  # assumption: as DGX H100
+    h2d_gb_per_s=64,  # PCIe Gen5 x16
+    d2h_gb_per_s=64,
+    intra_node_gb_per_s=450,  # NVLink, fully connected (calibration_more.yaml hw_new): as H100 SXM
+    inter_node_gb_per_s=50,  # RDMA 400 Gb/s per GPU (calibration_more.yaml hw_new)
+    cpu_optimizer_params_per_s=1.3e9,  # as H100 SXM
+    efficiency=_H100_EFF,
+))
+
+_register(HardwareSpec(
     name="h800",
     source="NVIDIA H800 SXM (export variant of H100: same tensor peaks and HBM3, NVLink 400 GB/s bidirectional); calibration.yaml hw.H800",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
     sm_count=132,  # as H100 SXM: 132 SMs
+    chip="gh100",
     memory_mib=81559,  # as H100 SXM (same HBM3 stack)
     memory_bandwidth_gb_per_s=3350,
     host_memory_gb_per_node=2048,
@@ -128,6 +170,7 @@ _register(HardwareSpec(
     source="NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, H100 tensor peaks, NVLink 900 GB/s",
     peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
     sm_count=132,  # H200: the H100 SXM die, 132 SMs
+    chip="gh100",
     memory_mib=143771,  # nvidia-smi on H200: 143,771 MiB (141 GB)
     memory_bandwidth_gb_per_s=4800,
     host_memory_gb_per_node=2048,
@@ -167,7 +210,8 @@ DEFAULT_EFFICIENCY = {name: spec.efficiency for name, spec in HARDWARE.items()}
 
 def _load_calibrated_profiles() -> None:
     """Calibrated efficiency profiles (written by `mofa calibrate`) replace the defaults of the
-    GPUs they were fitted for: evaluate and solve use them unless a problem says otherwise."""
+    GPUs they were fitted for and of every preset on the same chip: evaluate and solve use them
+    unless a problem says otherwise."""
     from pathlib import Path
 
     import yaml
@@ -176,10 +220,18 @@ def _load_calibrated_profiles() -> None:
 
     for path in sorted((Path(__file__).parent / "profiles").glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
-        name = data["hardware"]
-        if name in HARDWARE:
-            efficiency = EfficiencyProfile.model_validate(data["efficiency"])
-            HARDWARE[name] = HARDWARE[name].model_copy(update={"efficiency": efficiency})
+        if data["hardware"] not in HARDWARE:
+            continue
+        family = chip_of(HARDWARE[data["hardware"]])
+        efficiency = EfficiencyProfile.model_validate(data["efficiency"])
+        for name, spec in list(HARDWARE.items()):
+            if chip_of(spec) == family:
+                HARDWARE[name] = spec.model_copy(update={"efficiency": efficiency})
+
+
+def chip_of(hw: HardwareSpec) -> str:
+    """The die a GPU is built on: presets on one chip share a calibrated profile."""
+    return hw.chip or hw.name
 
 
 _load_calibrated_profiles()

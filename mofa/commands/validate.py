@@ -8,22 +8,31 @@ from mofa.commands._common import add_json_option, stamped, to_json
 
 NAME = "validate"
 HELP = "compare predictions with measured runs"
-DESCRIPTION = "Predict the step time of each validation point (a measured run) and report the errors, per GPU and overall, with the memory checks."
+DESCRIPTION = (
+    "Predict the step time (and, where a source states it, the peak memory) of each validation point (a measured "
+    "run) and report the errors per GPU and per source; points the model cannot explain are listed and counted, "
+    "never scored. With --cross-validate source, each GPU chip's profile is refitted without every point of one "
+    "source and that source predicted: the out-of-sample figures."
+)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("data", nargs="+", help="validation point files (problems/validation/*.yaml)")
+    p.add_argument("data", nargs="+", help="validation files or folders of them (problems/validation)")
     p.add_argument("--profile", action="append", default=[], metavar="FILE", help="use this calibrated profile for its GPU; repeatable (default: the presets' profiles)")
-    p.add_argument("--max-mape", type=float, metavar="P", help="exit 1 when the MAPE of the fitted points exceeds P percent (default: no threshold)")
+    p.add_argument("--cross-validate", choices=["none", "point", "source"], default="none",
+                   help="refit each chip's profile without each held-out point or source and predict it (default: none, the shipped profiles)")
+    p.add_argument("--knobs", help="knobs refitted under --cross-validate (default: calibrate's per-chip defaults)")
+    p.add_argument("--max-mape", type=float, metavar="P", help="exit 1 when the MAPE of the scored points exceeds P percent (default: no threshold)")
     add_json_option(p)
 
 
 def run(args) -> int:
-    from calibration.data import load_points
-    from calibration.fit import evaluate_point
+    from calibration.data import load_dataset
+    from calibration.fit import KNOBS, calibrate, cross_validation_summary, default_knobs, point_result
     from calibration.memory_checks import memory_checks
     from calibration.profile import read_profile, with_profile
     from calibration.resolve import resolve
+    from costmodel.presets.hardware import chip_of
     from mofa.report import render_validation
 
     profiles = {}
@@ -34,32 +43,40 @@ def run(args) -> int:
             print(f"mofa validate: {path}: {str(exc).splitlines()[0]}", file=sys.stderr)
             return 2
         profiles[name] = efficiency
-    rows, efficiencies = [], {}
-    for point in load_points(args.data):
+    knobs = None
+    if args.knobs:
+        knobs = tuple(k.strip() for k in args.knobs.split(","))
+        unknown = [k for k in knobs if k not in KNOBS]
+        if unknown:
+            print(f"mofa validate: --knobs: unknown knobs {unknown} (known: {', '.join(KNOBS)})", file=sys.stderr)
+            return 2
+    data = load_dataset(args.data)
+    results, efficiencies = [], {}
+    for point in data.points:
         hw = point.problem.hardware
         efficiencies[hw.name] = hw.efficiency
         if hw.name in profiles:
             hw = with_profile(hw, profiles[hw.name])
         cfg, chosen = resolve(point, hw)
-        ev = evaluate_point(point, hw, cfg)
-        pred, fits, tflops = float(ev.step_time_s[0]), bool(ev.fits[0]), float(ev.tflops_per_gpu[0])
-        meas = point.step_time_s()
-        rows.append({
-            "name": point.name,
-            "hardware": hw.name,
-            "fitted": point.measured.fit,
-            "metric": point.measured.metric,
-            "predicted_step_s": pred,
-            "measured_step_s": meas,
-            "error_pct": 100.0 * (pred / meas - 1.0),
-            # both as evaluate counts model FLOPs (eq. 15): the same work over each step time
-            "predicted_tflops_per_gpu": tflops,
-            "measured_tflops_per_gpu": tflops * pred / meas,
-            "fits_memory": fits,
-            "resolved": chosen,
-            "source": point.measured.source,
-        })
-    out = summary(rows, profiles, efficiencies)
+        results.append(point_result(point, hw, cfg, chosen))
+    out = summary(results, profiles, efficiencies)
+    out["skipped"] = [{"file": s.path, "row": s.row, "reason": s.reason} for s in data.skipped]
+    if args.cross_validate != "none":
+        chips: dict[str, list] = {}
+        for point in data.points:
+            chips.setdefault(chip_of(point.problem.hardware), []).append(point)
+        held, fitted_knobs = [], {}
+        for chip, points in sorted(chips.items()):
+            chip_knobs = knobs or default_knobs(points)
+            try:
+                cal = calibrate(points, chip_knobs, loo=True, cross_validate=args.cross_validate)
+            except ValueError as exc:  # too few points on this chip to refit
+                print(f"mofa validate: {chip}: no cross-validation ({exc})", file=sys.stderr)
+                continue
+            held += cal.results
+            fitted_knobs[chip] = cal.knobs
+        sd = _pooled_sd(held)
+        out["cross_validation"] = {"held_out": args.cross_validate, "knobs": fitted_knobs, **cross_validation_summary(held, sd), "log_residual_sd": sd}
     out["memory_checks"] = memory_checks()
     print(to_json(stamped(out, list(args.data))) if args.json else render_validation(out))
     if args.max_mape is not None and out["mape_pct"] is not None and out["mape_pct"] > args.max_mape:
@@ -68,23 +85,57 @@ def run(args) -> int:
     return 0
 
 
-def summary(rows: list[dict], profiles: dict, efficiencies: dict) -> dict:
-    fitted = [r for r in rows if r["fitted"]]
-    per = {}
+def _pooled_sd(results) -> float:
+    import math
+
+    logs = [math.log(r.loo_predicted_step_s / r.measured_step_s) for r in results if r.scored and r.loo_predicted_step_s]
+    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
+
+
+def _errors(rows: list[dict], key: str) -> dict:
+    errors = [abs(r[key]) for r in rows if r[key] is not None]
+    return {"n": len(errors), "mape_pct": sum(errors) / len(errors) if errors else None, "max_abs_error_pct": max(errors, default=None)}
+
+
+def summary(results, profiles: dict, efficiencies: dict) -> dict:
+    rows = [{
+        "name": r.name,
+        "hardware": r.hardware,
+        "source": r.source,
+        "fitted": r.fitted,
+        "measured_step_s": r.measured_step_s,
+        "predicted_step_s": r.predicted_step_s,
+        "error_pct": None if r.unexplained else r.error_pct,
+        "unexplained": r.unexplained,
+        "predicted_peak_gib": r.predicted_peak_gib,
+        "measured_peak_gib": r.measured_peak_gib,
+        "memory_error_pct": r.memory_error_pct,
+        "fits_memory": r.fits,
+        "resolved": r.resolved,
+    } for r in results]
+    scored = [row for row, r in zip(rows, results) if r.scored]
+    per_hardware = {}
     for name in sorted({r["hardware"] for r in rows}):
-        group = [r for r in fitted if r["hardware"] == name]
         eff = profiles.get(name) or efficiencies[name]
         cal = eff.calibration
-        per[name] = {
-            "points": len(group),
-            "mape_pct": sum(abs(r["error_pct"]) for r in group) / len(group) if group else None,
-            "max_abs_error_pct": max((abs(r["error_pct"]) for r in group), default=None),
-            "loo_mape_pct": cal.loo_mape_pct if cal else None,
-            "profile": "calibrated" if cal else "default",
+        per_hardware[name] = {
+            **_errors([r for r in scored if r["hardware"] == name], "error_pct"),
+            "unexplained": sum(1 for r in rows if r["hardware"] == name and r["unexplained"]),
+            "profile": ("calibrated, in sample" if cal else "default") + ("" if name not in profiles else " (--profile)"),
         }
+    per_source = {
+        name: {**_errors([r for r in scored if r["source"] == name], "error_pct"),
+               "unexplained": sum(1 for r in rows if r["source"] == name and r["unexplained"])}
+        for name in sorted({r["source"] for r in rows})
+    }
+    overall = _errors(scored, "error_pct")
     return {
         "points": rows,
-        "mape_pct": sum(abs(r["error_pct"]) for r in fitted) / len(fitted) if fitted else None,
-        "max_abs_error_pct": max((abs(r["error_pct"]) for r in fitted), default=None),
-        "per_hardware": per,
+        "mape_pct": overall["mape_pct"],
+        "max_abs_error_pct": overall["max_abs_error_pct"],
+        "scored": overall["n"],
+        "unexplained": [{"name": r["name"], "reason": r["unexplained"]} for r in rows if r["unexplained"]],
+        "per_hardware": per_hardware,
+        "per_source": per_source,
+        "peak_memory": _errors([r for r in rows if not r["unexplained"]], "memory_error_pct"),
     }
