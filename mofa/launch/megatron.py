@@ -52,6 +52,14 @@ def check_megatron(plan: LaunchPlan, what: str = "Megatron-LM") -> None:
         refuse(what, f"optimizer states in {p.dtypes.optimizer}: the exporter writes fp32 Adam states only")
     if p.dtypes.params not in ("bf16", "fp16", "fp32"):
         refuse(what, f"parameters in {p.dtypes.params}: Megatron keeps bf16, fp16 or fp32 weights")
+    if p.ep_overlap:  # Megatron-Core 0.16.1 TransformerConfig.__post_init__ (overlap_moe_expert_parallel_comm)
+        if p.model.mtp_layers and (p.model.mtp_layers > 1 or p.pp == 1):
+            refuse(what, f"EP communication overlap with {p.model.mtp_layers} MTP layer(s) and pp={p.pp}: "
+                   "Megatron-Core runs it with one MTP layer and pp > 1 only")
+        if p.recompute == "full":
+            refuse(what, "EP communication overlap with full recompute: Megatron-Core requires recompute off or selective")
+        if p.dtypes.params not in ("bf16", "fp16"):
+            refuse(what, f"EP communication overlap with {p.dtypes.params} parameters: Megatron-Core needs a bf16 or fp16 model")
     needs_iterations(p, what)
     groups = expert_groups(p)
     if groups and p.model.moe.num_experts % groups:

@@ -14,6 +14,8 @@ Facts (read from the 0.3.0 sources, checked by tests/frameworks/):
   * schedules: 1F1B, Interleaved1F1B, GPipe, LoopedBFS, DualPipeV (torch.distributed.pipelining);
     layers per stage with the first / last stage `less_layers` weights;
   * activation checkpointing: none, full (every block) or per-op selective (not modules);
+  * CUDA graphs (training.disable_cuda_graphs, on by default) reject pp > 1 and the default
+    EP dispatcher: the exporter disables them there;
   * mixed_precision_reduce is float32 only; training.enable_cpu_offload offloads FSDP's
     parameters, gradients and optimizer states (not the CPU optimizer alone).
 """
@@ -161,6 +163,10 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
              "--training.mixed-precision-param", "bfloat16" if p.dtypes.params == "bf16" else "float32",
              "--training.mixed-precision-reduce", "float32",
              "--training.no-enable-cpu-offload"]
+    # the Trainer's config validation: CUDA graphs (on by default) support neither pipeline
+    # parallelism nor the default EP token dispatcher, which synchronises with the CPU
+    if p.pp > 1 or p.ep > 1:
+        args.append("--training.disable-cuda-graphs")
     if p.tp_overlap:
         args += ["--compile.enable", "--compile.components", "model,loss", "--compile.enable-async-tensor-parallel"]
     else:

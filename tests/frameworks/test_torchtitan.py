@@ -1,0 +1,84 @@
+"""torchtitan 0.3.0's own configuration code reads every torchtitan launch script exported
+from the shipped results: ConfigManager.parse_args (tyro: flag names, choices, the config
+function, schedule names, its _validate_config) and ParallelDims.from_config against the
+script's world (dp_replicate x dp_shard x cp x tp x pp == world). Deliberately broken files
+are rejected by the same code."""
+
+import contextlib
+import io
+
+import pytest
+
+from launch_scripts import script_args, script_world, with_flag
+from shipped_exports import accepted, exports, infeasible, need
+
+need("torchtitan")
+from torchtitan.config import ConfigManager  # noqa: E402
+from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def sm90(monkeypatch):
+    """The fp8 config functions (llama3_405b) build their Float8 converter while loading and ask
+    the GPU for SM89+; this CPU machine stands in for the H100 the plan was sized for."""
+    import torchtitan.components.quantization.float8 as float8
+    monkeypatch.setattr(float8, "has_cuda_capability", lambda major, minor: (9, 0) >= (major, minor))
+
+
+def parse(args):
+    """The parsed config; a rejection (tyro's SystemExit, a ValueError or an assertion) raises."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return ConfigManager().parse_args(list(args))
+        except SystemExit as exc:
+            raise ValueError(f"torchtitan exited {exc.code}: {err.getvalue()[-400:]}") from None
+
+
+def check(text):
+    cfg = parse(script_args(text))
+    dims = ParallelDims.from_config(cfg.parallelism, world_size=script_world(text))
+    return cfg, dims
+
+
+def test_torchtitan_accepts_every_exported_script():
+    files = accepted("torchtitan")
+    assert files, f"no shipped result exported to torchtitan; refused: {[(e.name, e.refused) for e in exports('torchtitan')][:5]}"
+    models = set()
+    for e in files:
+        cfg, dims = check(e.text)
+        p = e.plan
+        assert (dims.tp, dims.pp, dims.cp, dims.ep) == (p.tp, p.pp, p.cp, p.ep), e.name
+        assert dims.dp_replicate * dims.dp_shard * dims.cp == p.dp * p.cp, e.name
+        assert (cfg.training.global_batch_size, cfg.training.seq_len, cfg.training.steps) == (p.global_batch_size, p.seq_len, p.train_iters), e.name
+        assert cfg.checkpoint.interval == p.checkpoint_interval, e.name
+        # what torchtitan checks only inside the Trainer (after distributed init): the batch arithmetic
+        local = cfg.training.local_batch_size
+        assert cfg.training.global_batch_size % (local * dims.dp_replicate * dims.dp_shard) == 0, e.name
+        if p.pp > 1:
+            assert local % cfg.parallelism.pipeline_parallel_microbatch_size == 0, e.name
+            assert local // cfg.parallelism.pipeline_parallel_microbatch_size == p.microbatches, e.name
+        models.add(p.model.name)
+    print(f"torchtitan accepted {len(files)} scripts of {sorted({e.problem for e in files})}; infeasible: {infeasible()}")
+    assert "llama3-405b" in models
+
+
+def test_torchtitan_rejects_broken_scripts():
+    text = accepted("torchtitan")[0].text
+    args, world = script_args(text), script_world(text)
+    with pytest.raises(AssertionError, match="Invalid parallel dims"):  # a world the degrees do not fill
+        ParallelDims.from_config(parse(args).parallelism, world_size=world * 2)
+    with pytest.raises(ValueError, match="exited"):  # an unknown schedule name
+        parse(with_flag(args, "--parallelism.tensor-parallel-degree", "eight"))
+    with pytest.raises(ValueError, match="exited"):  # a flag that does not exist (misspelt)
+        parse([*args[:-1], "--parallelism.tensor-paralel-degree", "8", args[-1]])
+    with pytest.raises(Exception):  # no such config function
+        parse(with_flag(args, "--config", "llama3_404b"))
+
+
+def test_torchtitan_refusals_say_why():
+    """What torchtitan cannot express is refused by the exporter, with the reason."""
+    reasons = {e.refused for e in exports("torchtitan") if e.refused}
+    assert reasons and all(r.startswith("torchtitan cannot run this plan: ") for r in reasons)
+    deepseek = [e for e in exports("torchtitan") if e.plan.model.name == "deepseek-v3"]
+    assert deepseek and all(e.refused for e in deepseek)  # its MTP module (and more): see the exporter's check()
