@@ -89,3 +89,44 @@ def test_methods_agree(tmp_path, monkeypatch, name):
         dfs = solve(problem, "dfs", top_k=3)
         assert list(dfs.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12)
         assert dfs.evaluated == exhaustive.evaluated
+
+
+@pytest.mark.parametrize("name", ["dense", "zero-stages-hsdp", "moe"])
+def test_distinct_layouts_agree(tmp_path, monkeypatch, name):
+    """--distinct-layouts: every method returns the same K layouts, each its best
+    configuration, and they are the K best layouts of the whole ranked space."""
+    from optimizer.result import LAYOUT_FIELDS
+
+    base, change = VARIANTS[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(merged(base, change)))
+    problem = load_problem(str(path))
+    k = 4
+
+    def layouts(result):
+        return [tuple(int(getattr(result.top_configs, f)[i]) for f in LAYOUT_FIELDS) for i in range(len(result.top_values))]
+
+    everything = solve(problem, "exhaustive", top_k=10**9)  # the whole feasible space, ranked
+    expected, values = [], []
+    for layout, value in zip(layouts(everything), everything.top_values):
+        if layout not in expected:
+            expected.append(layout)
+            values.append(value)
+    expected, values = expected[:k], values[:k]
+    assert len(expected) == k
+    plain = solve(problem, "exhaustive", top_k=k)
+    exhaustive = solve(problem, "exhaustive", top_k=k, distinct_layouts=True)
+    assert layouts(exhaustive) == expected and list(exhaustive.top_values) == values
+    cpsat = solve(problem, "cpsat", top_k=k, distinct_layouts=True)
+    dfs = solve(problem, "dfs", top_k=k, distinct_layouts=True)
+    monkeypatch.setattr(optimizer.cpsat, "DIRECT_ROWS", 0)
+    solver = solve(problem, "cpsat", top_k=k, distinct_layouts=True)
+    assert solver.stats["path"] == "CP-SAT"
+    for result in (cpsat, solver, dfs):
+        assert result.status == "optimal"
+        assert layouts(result) == expected
+        assert list(result.top_values) == pytest.approx(values, rel=1e-12)
+        for i in range(k):  # the same configuration, not only the same layout
+            assert result.top_configs.spec(i) == exhaustive.top_configs.spec(i)
+    if name == "dense":  # without the option the top K repeat a layout (they differ in a toggle)
+        assert len(set(layouts(plain))) < k
