@@ -56,9 +56,15 @@ class SolveOptions:
     objective: str | None = None
     top: int = 3
     time_limit_s: float | None = None
+    distinct_layouts: bool = False
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "objective": self.objective, "top": self.top, "time_limit_s": self.time_limit_s}
+        """The options as the manifest and the input hash record them. distinct_layouts only
+        when set: batches written before the option existed still resume without redoing."""
+        out = {"method": self.method, "objective": self.objective, "top": self.top, "time_limit_s": self.time_limit_s}
+        if self.distinct_layouts:
+            out["distinct_layouts"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,8 @@ def run_job(job: Job, options: SolveOptions) -> dict[str, str]:
         files[MARKER] = _dumps(_marker(job, "failed", time.perf_counter() - start))
         return files
     try:
-        out, plans = solve_output(job.problem, job.source, options.method, options.objective, options.top, options.time_limit_s)
+        out, plans = solve_output(job.problem, job.source, options.method, options.objective, options.top, options.time_limit_s,
+                                  options.distinct_layouts)
         files = output_files(job.problem, out, plans)
         status = out["status"]
     except ProblemError as exc:

@@ -356,6 +356,203 @@ def ettr_nodes_chart(runs: list[Run], max_lines: int = 8):
     return _png(fig), data
 
 
+#: Fig. 5's factors: (key, axis label)
+FAULT_FACTORS = (("failure_rate_per_node_day", "failure rate (per node per day)"), ("recovery_s", "repair time u_b (s)"),
+                 ("checkpoint_save_s", "checkpoint save time T_save (s)"))
+
+
+def ettr_at_optimum(step_s, rate_per_s, recovery_s, save_s):
+    """Steady-state ETTR (eq. 40) at eq. 44's interval, array-valued in any argument: the
+    fault model's own functions, nothing re-derived here."""
+    import numpy as np
+
+    from costmodel.reliability import optimal_interval, steady_state_ettr
+
+    step_s, rate_per_s, recovery_s, save_s = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (step_s, rate_per_s, recovery_s, save_s)))
+    interval = optimal_interval(step_s, rate_per_s, recovery_s, save_s)
+    return steady_state_ettr(step_s, interval, rate_per_s, recovery_s, save_s), interval
+
+
+def ettr_factors_chart(runs: list[Run], max_lines: int = 8, points: int = 41):
+    """Steady-state ETTR at the optimal interval against the failure rate, the repair time and
+    the checkpoint save time, one factor moved at a time from each run's value (a tenth to ten
+    times it), the rest held at the run's (MoFa Fig. 5; the node count is ettr_nodes_chart)."""
+    import numpy as np
+
+    from costmodel.reliability import failure_rate_per_s
+
+    chosen = [(r, f) for r in solved(runs) if (f := _fault_inputs(r)) is not None][:max_lines]
+    if not chosen:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    short = dict(zip([r.name for r, _ in chosen], _labels([r.name for r, _ in chosen])))
+    data = {key: {} for key, _ in FAULT_FACTORS}
+    for r, (_, u_b, save, nodes, step, per_node_day) in chosen:
+        base = {"failure_rate_per_node_day": per_node_day, "recovery_s": u_b, "checkpoint_save_s": save}
+        for ax, (key, label) in zip(axes, FAULT_FACTORS):
+            if base[key] <= 0:
+                continue  # no range around zero on a log axis
+            xs = np.geomspace(base[key] / 10, base[key] * 10, points)
+            values = {**{k: np.full(points, float(v)) for k, v in base.items()}, key: xs}
+            ettr, interval = ettr_at_optimum(step, failure_rate_per_s(nodes, values["failure_rate_per_node_day"]), values["recovery_s"], values["checkpoint_save_s"])
+            here, _ = ettr_at_optimum(step, failure_rate_per_s(nodes, per_node_day), u_b, save)
+            line, = ax.plot(xs, ettr, label=short[r.name], linewidth=1.2)
+            ax.plot([base[key]], [float(here)], "o", color=line.get_color())
+            data[key][r.name] = {key: xs.tolist(), "ettr": ettr.tolist(), "interval_steps": interval.tolist(), "run_value": base[key],
+                                 "ettr_at_run_value": float(here), "held": {k: v for k, v in base.items() if k != key} | {"nodes": nodes, "step_time_s": step}}
+    for ax, (key, label) in zip(axes, FAULT_FACTORS):
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("steady-state ETTR at the optimal interval")
+    axes[0].legend(fontsize=6)
+    fig.suptitle("ETTR against failure rate, repair time and checkpoint save time (dot: the run's value)")
+    fig.tight_layout()
+    return _png(fig), data
+
+
+def _spec_of(r: Run):
+    """The run's best configuration as a typed ConfigSpec (the result's row reads back)."""
+    from costmodel.specs import ConfigSpec
+
+    return ConfigSpec.model_validate(r.best["config"])
+
+
+def _score(problem, specs) -> list[dict]:
+    """The exact model's dict of each configuration (one evaluation)."""
+    from costmodel.configs import ConfigBatch
+    from costmodel.evaluate import evaluate
+
+    batch = ConfigBatch.from_specs(problem, specs)
+    ev = evaluate(problem, batch)
+    return [ev.as_dict(i, batch) for i in range(len(specs))]
+
+
+def _admissible(problem, spec, **update):
+    """`spec` with `update`, or None where a framework rule rejects it (the problem's own
+    feature preferences are not applied: the point is what the alternative would cost)."""
+    from pydantic import ValidationError
+
+    from costmodel.rules import config_violations
+
+    try:
+        spec = type(spec).model_validate({**spec.model_dump(), **update})
+    except ValidationError:
+        return None
+    return None if config_violations(problem, spec) else spec
+
+
+def vp_sweep(problem, spec) -> list[tuple[int, object]]:
+    """(v, configuration) for each virtual-stage count the frameworks admit for this layout:
+    the layer split re-chosen for v (layer_split auto), Megatron's schedule for v (1f1b at
+    v=1, interleaved above) unless the configuration uses another, and the PP/EP overlap turned
+    off or on only where a rule requires it at that v."""
+    from optimizer.space import MAX_VP
+
+    out = []
+    megatron = spec.pp_schedule in (None, "1f1b", "interleaved_1f1b")
+    for v in range(1, min(MAX_VP, problem.model.num_layers) + 1):
+        base = {"vp": v, "first_stage_layers": None, "last_stage_layers": None, "layer_split": "auto"}
+        if megatron:
+            base["pp_schedule"] = "interleaved_1f1b" if v > 1 else "1f1b"
+        tries = [{}, {"pp_overlap": not spec.pp_overlap}, {"ep_overlap": False}, {"pp_overlap": not spec.pp_overlap, "ep_overlap": False}]
+        for extra in tries:
+            found = _admissible(problem, spec, **base, **extra)
+            if found is not None:
+                out.append((v, found))
+                break
+    return out
+
+
+def vp_chart(runs: list[Run]):
+    """Step time of each run's best configuration with the virtual-stage count v varied over
+    the values the frameworks admit, everything else held (MoFa Fig. 6): more v shrinks the
+    bubble but multiplies the pipeline's point-to-point traffic. Runs with pp > 1 only."""
+    chosen = [r for r in solved(runs) if r.problem is not None and r.best["config"]["pp"] > 1][:MAX_PANELS]
+    sweeps = [(r, sw) for r in chosen if len(sw := vp_sweep(r.problem, _spec_of(r))) >= 2]
+    if not sweeps:
+        return None
+    fig, axes = _grid(len(sweeps))
+    short = dict(zip([r.name for r, _ in sweeps], _labels([r.name for r, _ in sweeps])))
+    data = {}
+    for ax, (r, sweep) in zip(axes, sweeps):
+        entries = _score(r.problem, [s for _, s in sweep])
+        vs = [v for v, _ in sweep]
+        step = [e["step_time_s"] for e in entries]
+        bubble = [e["breakdown_s"]["bubble"] for e in entries]
+        pp = [e["breakdown_s"]["pp"] for e in entries]
+        fits = [bool(e["fits"] and e["host_fits"]) for e in entries]
+        ax.plot(vs, step, "-", color="tab:blue", label="step")
+        ax.scatter([v for v, f in zip(vs, fits) if f], [s for s, f in zip(step, fits) if f], color="tab:blue", zorder=3)
+        ax.scatter([v for v, f in zip(vs, fits) if not f], [s for s, f in zip(step, fits) if not f], facecolors="none", edgecolors="tab:red",
+                   zorder=3, label="does not fit")
+        ax.plot(vs, bubble, "--", color="tab:orange", label="bubble")
+        ax.plot(vs, pp, ":", color="tab:green", label="exposed PP p2p")
+        ax.axvline(r.best["config"]["vp"], color="gray", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(vs, vs, fontsize=7)
+        ax.set_xlabel("virtual stages v")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{short[r.name]} (pp={r.best['config']['pp']})", fontsize=8)
+        ax.legend(fontsize=6)
+        data[r.name] = {"vp": vs, "step_time_s": step, "bubble_s": bubble, "pp_s": pp, "fits": fits, "best_vp": r.best["config"]["vp"],
+                        "configs": [s.model_dump(mode="json") for _, s in sweep]}
+    fig.suptitle("Effect of the virtual-stage count v (grey line: the run's best)")
+    fig.tight_layout()
+    return _png(fig), data
+
+
+def optimizer_variants(problem, spec) -> list[tuple[str, object]]:
+    """(label, configuration) of the best configuration under each optimizer placement the
+    frameworks admit: ZeRO stage 0-3 (1 = Megatron's distributed optimizer), each with and
+    without the CPU optimizer (MoFa Table 7 / Fig. 7)."""
+    out = []
+    for zero in (0, 1, 2, 3):
+        for cpu in (False, True):
+            found = _admissible(problem, spec, zero_stage=zero, cpu_optimizer=cpu,
+                                reshard_after_forward=spec.reshard_after_forward if zero == 3 and spec.zero_stage == 3 else None,
+                                dp_shard=spec.dp_shard if zero >= 1 else None)
+            if found is not None:
+                out.append((f"ZeRO-{zero}" + (" + CPU" if cpu else ""), found))
+    return out
+
+
+def optimizer_chart(runs: list[Run]):
+    """Step time and peak memory of each run's best configuration with each optimizer
+    placement (ZeRO stage, CPU optimizer), everything else held (MoFa Table 7 / Fig. 7)."""
+    import numpy as np
+
+    chosen = [r for r in solved(runs) if r.problem is not None][:MAX_PANELS]
+    variants = [(r, vs) for r in chosen if len(vs := optimizer_variants(r.problem, _spec_of(r))) >= 2]
+    if not variants:
+        return None
+    fig, axes = _grid(len(variants))
+    short = dict(zip([r.name for r, _ in variants], _labels([r.name for r, _ in variants])))
+    data = {}
+    for ax, (r, vs) in zip(axes, variants):
+        entries = _score(r.problem, [s for _, s in vs])
+        labels = [label for label, _ in vs]
+        step = [e["step_time_s"] for e in entries]
+        peak = [e["memory_gib"]["peak"] for e in entries]
+        fits = [bool(e["fits"] and e["host_fits"]) for e in entries]
+        x = np.arange(len(vs))
+        ax.bar(x - 0.2, step, width=0.4, color=["tab:blue" if f else "white" for f in fits], edgecolor="tab:blue", label="step time (s)")
+        ax.set_ylabel("step time (s)", color="tab:blue", fontsize=7)
+        twin = ax.twinx()
+        twin.bar(x + 0.2, peak, width=0.4, color=["tab:purple" if f else "white" for f in fits], edgecolor="tab:purple", label="peak memory (GiB)")
+        twin.axhline(r.best["memory_capacity_bytes"] / 2**30, color="black", linestyle="--", linewidth=0.8)
+        twin.set_ylabel("peak GiB (dashed: capacity)", color="tab:purple", fontsize=7)
+        ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"{short[r.name]}: {config_label(r.best['config'])}", fontsize=6)
+        data[r.name] = {"variants": labels, "step_time_s": step, "peak_gib": peak, "fits": fits,
+                        "best": "ZeRO-{}".format(r.best["config"]["zero_stage"]) + (" + CPU" if r.best["config"]["cpu_optimizer"] else ""),
+                        "configs": [s.model_dump(mode="json") for _, s in vs]}
+    fig.suptitle("Optimizer placement: step time (blue) and peak memory (purple); hollow bars do not fit")
+    fig.tight_layout()
+    return _png(fig), data
+
+
 def linearity_chart(runs: list[Run]):
     """Cluster linearity: tokens/s per GPU at N GPUs over tokens/s per GPU at the group's
     smallest N, for runs that differ in the GPU count (and the global batch, scaled with it),
@@ -443,6 +640,9 @@ CHARTS = (
     ("topk.png", "Top-K comparison", topk_chart, "no run kept more than one configuration (batch --top K, solve --top K)"),
     ("ettr_interval.png", "ETTR against checkpoint interval", ettr_interval_chart, "no solved run with a fault_tolerance section"),
     ("ettr_nodes.png", "ETTR against cluster size", ettr_nodes_chart, "no solved run with a fault_tolerance section"),
+    ("ettr_factors.png", "ETTR against failure rate, repair time and save time", ettr_factors_chart, "no solved run with a fault_tolerance section"),
+    ("vp.png", "Effect of the virtual-stage count v", vp_chart, "no run whose best configuration pipelines (pp > 1) with two or more admissible v"),
+    ("optimizer.png", "Optimizer placement (ZeRO stage, CPU optimizer)", optimizer_chart, "no run with two or more admissible optimizer placements"),
     ("linearity.png", "Cluster linearity", linearity_chart, "no model/GPU/sequence length solved at two or more GPU counts"),
     ("supernode_ep.png", "Supernode size and the best EP", supernode_ep_chart, "no MoE model solved at two or more supernode sizes"),
 )

@@ -226,7 +226,7 @@ def _configs(problem: Problem, space: SearchSpace, tb: Tables, found) -> ConfigB
     return cfg.take(np.flatnonzero(space.feature_ok(cfg)))
 
 
-def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, workers: int = 1) -> SolveResult:
+def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, workers: int = 1, distinct_layouts: bool = False) -> SolveResult:
     check_objective(problem, objective)
     clock = Stopwatch()
     space = SearchSpace.from_problem(problem)
@@ -239,7 +239,7 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
     stats["fitting"] = len(tb.objective)
     if len(tb.objective) == 0:
         return SolveResult("cpsat", objective, "infeasible", np.zeros(0), None, clock.elapsed, 0, lower_bound=math.inf, space_size=space.size, stats=stats)
-    best = TopK(top_k)  # ranked by step time: the end-to-end time increases with it
+    best = TopK(top_k, distinct_layouts)  # ranked by step time: the end-to-end time increases with it
     evaluated = 0
 
     def score(found) -> None:

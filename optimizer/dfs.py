@@ -30,7 +30,7 @@ class _Stop(Exception):
     pass
 
 
-def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, max_leaves: int | None = None) -> SolveResult:
+def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, max_leaves: int | None = None, distinct_layouts: bool = False) -> SolveResult:
     check_objective(problem, objective)
     clock = Stopwatch()
     space = SearchSpace.from_problem(problem)
@@ -38,7 +38,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
     G, L, gbs = cl.num_gpus, m.num_layers, tr.global_batch_size
     domain, kv = tp_domain(problem), kv_heads(problem)
     interval = space.interval()
-    best = TopK(top_k)
+    best = TopK(top_k, distinct_layouts)
     count = {"leaves": 0, "nodes": 0}
 
     def leaf(row: dict) -> None:

@@ -11,11 +11,11 @@ from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, obje
 from optimizer.space import SearchSpace
 
 
-def solve_exhaustive(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, chunk: int = 65536) -> SolveResult:
+def solve_exhaustive(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, chunk: int = 65536, distinct_layouts: bool = False) -> SolveResult:
     check_objective(problem, objective)
     clock = Stopwatch()
     space = SearchSpace.from_problem(problem)
-    best = TopK(top_k)
+    best = TopK(top_k, distinct_layouts)
     evaluated = 0
     complete = True
     for cfg in space.batches(chunk, space.interval()):

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 OBJECTIVES = ("step", "e2e")
 ORDER_FIELDS = SKELETON_FIELDS + FEATURE_FIELDS + ("interval",)
+#: what makes two answers different layouts (TopK(distinct_layouts=True) keeps the best of each):
+#: the parallel grid, the micro-batch and the ZeRO stage; toggles (overlaps, recompute, offload,
+#: CPU optimizer), the layer split and the schedule variant do not
+LAYOUT_FIELDS = ("tp", "cp", "pp", "vp", "ep", "dp", "mbs", "zero_stage")
 
 
 class ObjectiveError(ValueError):
@@ -40,10 +44,17 @@ def objective_values(ev: Evaluation, objective: str) -> np.ndarray:
 
 class TopK:
     """The K best configurations seen so far. Ties in the objective are broken by the
-    configuration's fields in canonical order, so every method and every run agree."""
+    configuration's fields in canonical order, so every method and every run agree.
 
-    def __init__(self, k: int):
+    With `distinct_layouts`, only the best configuration of each layout (LAYOUT_FIELDS) is
+    kept, so the K answers differ in layout, not only in a toggle. `threshold` stays a valid
+    pruning bound: a configuration worse than the K-th kept layout either belongs to a kept
+    layout, whose best is already better, or would rank past K. Every method offers what it
+    scores here, so they all share the grouping."""
+
+    def __init__(self, k: int, distinct_layouts: bool = False):
         self.k = k
+        self.distinct_layouts = distinct_layouts
         self.values = np.zeros(0)
         self.configs: ConfigBatch | None = None
 
@@ -66,7 +77,13 @@ class TopK:
         rows = np.stack([getattr(cfg, n) for n in ORDER_FIELDS], axis=1)[order]
         fresh = np.ones(len(order), bool)
         fresh[1:] = np.any(rows[1:] != rows[:-1], axis=1)
-        order = order[fresh][: self.k]
+        order = order[fresh]
+        if self.distinct_layouts:
+            # the first of each layout in the ranked order is its best (value, then canonical order)
+            layouts = np.stack([getattr(cfg, n) for n in LAYOUT_FIELDS], axis=1)[order]
+            _, first = np.unique(layouts, axis=0, return_index=True)
+            order = order[np.sort(first)]
+        order = order[: self.k]
         self.values = values[order]
         self.configs = cfg.take(order)
 

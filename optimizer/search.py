@@ -18,13 +18,15 @@ METHODS: dict[str, Callable[..., SolveResult]] = {
 }
 
 
-def solve(problem: Problem, method: str = "cpsat", objective: str | None = None, top_k: int = 1, time_limit_s: float | None = None) -> SolveResult:
+def solve(problem: Problem, method: str = "cpsat", objective: str | None = None, top_k: int = 1, time_limit_s: float | None = None,
+          distinct_layouts: bool = False) -> SolveResult:
     """Find the best configurations of `problem`. The objective defaults to the problem's
-    search.objective; an infeasible result carries an explanation of why."""
+    search.objective; an infeasible result carries an explanation of why. `distinct_layouts`:
+    the top K are K different layouts, each its best configuration (TopK)."""
     if method not in METHODS:
         raise ValueError(f"unknown method '{method}' ({', '.join(METHODS)})")
     objective = objective or problem.search.objective
-    result = METHODS[method](problem, objective=objective, top_k=top_k, time_limit_s=time_limit_s)
+    result = METHODS[method](problem, objective=objective, top_k=top_k, time_limit_s=time_limit_s, distinct_layouts=distinct_layouts)
     if result.status == "infeasible":
         result.explanation = explain_infeasible(problem)
     return result

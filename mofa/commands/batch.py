@@ -18,6 +18,8 @@ EXIT_SOME_FAILED = 1
 
 
 def add_arguments(p) -> None:
+    from mofa.commands.solve import add_distinct_option
+
     p.add_argument("inputs", nargs="+", metavar="PROBLEMS_OR_DIRS", help="problem files (YAML) and folders of them")
     p.add_argument("--out", required=True, metavar="DIR", help="the batch folder (new, or an earlier batch with --resume)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N", help="runs solved at once (default: the number of CPUs)")
@@ -30,6 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--objective", choices=("step", "e2e"), help="minimise the step time or the end-to-end time (default: each problem's search.objective)")
     p.add_argument("--top", type=int, default=3, metavar="K", help="keep the K best configurations of each run (the report compares them)")
     p.add_argument("--time-limit", type=float, metavar="S", help="stop each run's search after S seconds (default: no limit)")
+    add_distinct_option(p)
 
 
 class _Progress:
@@ -97,7 +100,7 @@ def run(args) -> int:
             import ray  # noqa: F401
         except ImportError:
             return _fail("--backend ray needs Ray: pip install 'mofa[ray]'")
-    options = SolveOptions(args.method, args.objective, args.top, args.time_limit)
+    options = SolveOptions(args.method, args.objective, args.top, args.time_limit, args.distinct_layouts)
     jobs = collect_jobs(args.inputs, options)  # ProblemError (exit 2): a missing input, colliding run names
     try:
         prepare_folder(args.out, jobs, options, list(args.inputs), args.resume)

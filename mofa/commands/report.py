@@ -8,8 +8,9 @@ import sys
 NAME = "report"
 HELP = "draw figures (PNG) and a Markdown summary of solve and batch results"
 DESCRIPTION = ("Read batch folders (mofa batch --out), run or solve --out folders and result.json files, and write PNG figures "
-               "(memory against capacity, step-time waterfall, top-K, ETTR against checkpoint interval and nodes, cluster "
-               "linearity, supernode size against the best EP, throughput heatmaps of sequence length x global batch), "
+               "(memory against capacity, step-time waterfall, top-K, ETTR against checkpoint interval, nodes, failure rate, "
+               "repair and save time, the best configuration's step time against the virtual-stage count v and against the "
+               "optimizer placement (ZeRO stage, CPU optimizer) with its peak memory, cluster linearity, supernode size against the best EP, throughput heatmaps of sequence length x global batch), "
                "plots.json (the data each figure shows) and report.md linking them. The folder is replaced as a set. "
                "A figure the results cannot support is listed under 'Not drawn'.")
 

@@ -24,6 +24,7 @@ def add_arguments(p) -> None:
                    help="cpsat: CP-SAT tuner certified by the exact model; dfs: MoFa's depth-first search; exhaustive: score every configuration")
     p.add_argument("--objective", choices=("step", "e2e"), help="minimise the step time or the end-to-end time (default: the problem's search.objective)")
     p.add_argument("--top", type=int, default=1, metavar="K", help="report the K best configurations")
+    add_distinct_option(p)
     p.add_argument("--time-limit", type=float, metavar="S", help="stop the search after S seconds (default: no limit)")
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_json_option(p)
@@ -31,6 +32,12 @@ def add_arguments(p) -> None:
                    help="write result.json, best.yaml and the best configuration's launch files (megatron_launch.sh, bridge_overrides.txt, "
                         "torchtitan_launch.sh, deepspeed_config.json; export_errors.txt says which formats were refused and why) here, "
                         "replacing the folder's previous set (default: write nothing)")
+
+
+def add_distinct_option(p) -> None:
+    p.add_argument("--distinct-layouts", action="store_true",
+                   help="make the top K differ in layout (tp, cp, pp, vp, ep, dp, mbs, ZeRO stage): keep the best configuration "
+                        "of each layout, not several that differ only in a toggle (default: off)")
 
 
 def run(args) -> int:
@@ -49,7 +56,7 @@ def run(args) -> int:
         except OSError as exc:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit)
+    out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit, args.distinct_layouts)
     if args.out:
         try:
             write_outputs(problem, out, args.out, plans)
@@ -65,17 +72,19 @@ def run(args) -> int:
     return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
 
 
-def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None):
+def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None,
+                 distinct_layouts: bool = False):
     """(the JSON result `solve --json` prints and result.json holds, the top configurations'
     typed launch plans): what `mofa solve` and each run of `mofa batch` compute."""
     from optimizer.result import ObjectiveError
     from optimizer.search import solve
 
     try:
-        result = solve(problem, method, objective, top, time_limit_s)
+        result = solve(problem, method, objective, top, time_limit_s, distinct_layouts)
     except ObjectiveError as exc:
         raise ProblemError(source, "search.objective", str(exc)) from None
     out = stamped(finite(result.as_dict(problem)), source)
+    out["distinct_layouts"] = distinct_layouts
     for entry in out["top"]:
         with_interval(problem, entry)
     plans = result.plans(problem)
