@@ -107,7 +107,12 @@ def _complete(folder) -> bool:
         return files == {"run.json", "failed.json", "problem.json"} or files == {"run.json", "failed.json"}
     problem = json.loads((folder / "problem.json").read_text())
     result = json.loads((folder / "result.json").read_text())
-    return {"best.yaml", "megatron_launch.sh"} <= files and problem["name"].endswith(marker["name"][len("tiny"):]) and result["input"] == marker["input"]
+    # every launch format is there, or named with its reason in export_errors.txt (which one a
+    # framework refuses depends on the plan the model finds best)
+    refused = (folder / "export_errors.txt").read_text() if "export_errors.txt" in files else ""
+    launches = {"megatron": "megatron_launch.sh", "megatron-bridge": "bridge_overrides.txt", "torchtitan": "torchtitan_launch.sh", "deepspeed": "deepspeed_config.json"}
+    exported = all(name in files or refused.count(f"{fmt}: ") for fmt, name in launches.items())
+    return "best.yaml" in files and exported and problem["name"].endswith(marker["name"][len("tiny"):]) and result["input"] == marker["input"]
 
 
 def test_sigkill_mid_batch_then_resume_redoes_nothing(tmp_path):
