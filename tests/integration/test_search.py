@@ -181,7 +181,7 @@ def test_solve_that_runs_out_of_time_says_so_and_exits_1(monkeypatch, capsys):
     from optimizer import search
     from optimizer.result import SolveResult
 
-    def timed_out(problem, method, objective=None, top_k=1, time_limit_s=None):
+    def timed_out(problem, method, objective=None, top_k=1, time_limit_s=None, *args, **kwargs):
         return SolveResult(method, objective or "step", "unknown", np.zeros(0), None, 0.5, 0, stats={"tables_s": 1.4})
 
     monkeypatch.setattr(search, "solve", timed_out)
