@@ -118,6 +118,20 @@ _register(ModelSpec(
 ))
 
 _register(ModelSpec(
+    name="qwen3-30b-a3b",
+    source="HF Qwen/Qwen3-30B-A3B config.json (head_dim 128, moe_intermediate_size 768, decoder_sparse_step 1, no shared expert); model card: 30.5B parameters, 3.3B activated",
+    num_layers=48,
+    hidden_size=2048,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    ffn_hidden_size=6144,  # intermediate_size: no dense layer uses it (mlp_only_layers is empty)
+    vocab_size=151936,
+    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
+    qk_layernorm=True,  # HF Qwen3MoeAttention: q_norm and k_norm
+))
+
+_register(ModelSpec(
     name="nemotron4-340b",
     source="Nemotron-4 340B technical report (arXiv 2406.11704) Table 1; calibration.yaml nemotron4_340b.arch",
     num_layers=96,

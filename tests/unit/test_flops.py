@@ -39,3 +39,11 @@ def test_mofa_table6_row1_tflops():
     flops = 16 * 8192 * model_flops_per_token(m, 8192)
     tflops = flops / (22.86 * 64) / 1e12
     assert tflops == pytest.approx(241.18, rel=0.03)
+
+
+def test_qwen3_30b_a3b_parameter_counts():
+    """Qwen3-30B-A3B model card: 30.5B parameters, 3.3B activated per token."""
+    m = MODELS["qwen3-30b-a3b"]
+    assert arch.total_params(m) == pytest.approx(30.5e9, rel=0.01)
+    active = sum(n * arch.active_matmul_params(m, kind) for kind, n in m.kind_counts().items()) + 2 * m.vocab_size * m.hidden_size
+    assert active == pytest.approx(3.3e9, rel=0.03)
