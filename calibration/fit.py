@@ -45,7 +45,6 @@ KNOBS: dict[str, tuple[tuple[str, ...], float, float, float]] = {
     "kernel_overhead": (("efficiency", "kernel_overhead_us"), 0.5, 50.0, 1.0),
     "stage_overhead": (("efficiency", "stage_overhead_us"), 0.0, 5000.0, 1000.0),
 }
-DEFAULT_KNOBS = ("gemm", "attention", "node_comm", "cluster_comm", "scale_decay", "dp_overlap_comm")
 #: a knob is fitted only when at least this many points exercise it, and a chip gets at most one
 #: knob per this many points (issue 9: fewer parameters than a tenth of the points)
 POINTS_PER_KNOB = 10
@@ -243,14 +242,18 @@ class Calibration:
         return self.hardware.efficiency.calibration
 
 
-def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: bool = True, rounds: int = 3,
+def calibrate(points: list[Point], knobs: tuple[str, ...] | None = None, loo: bool = True, rounds: int = 3,
               cross_validate: str = "point") -> Calibration:
     """Fit `knobs` on the points, all on one chip (A100 40 and 80 GB pool: kernel efficiency is
     the die's). Each point keeps its own hardware; the knobs are applied on top of it. Points the
     model cannot explain (resolve's UNEXPLAINED) are reported and left out of the fit and of
     every figure. Cross-validation refits without each held-out group and predicts it: `point`
     (leave one out) or `source` (leave one source out: every point of a measurement campaign
-    held out at once, the test that says how the model does on runs it never saw)."""
+    held out at once, the test that says how the model does on runs it never saw). `knobs`
+    defaults to those the points can determine (default_knobs)."""
+    knobs = default_knobs(points) if knobs is None else knobs
+    if not knobs:
+        raise ValueError(f"no knob is exercised by {POINTS_PER_KNOB} of these {len(points)} points; nothing can be fitted")
     chips = {chip_of(p.problem.hardware) for p in points}
     if len(chips) != 1:
         raise ValueError(f"calibrate one chip at a time (got {', '.join(sorted(chips))})")
@@ -263,18 +266,16 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: 
     fit_points = [p for p in points if p.measured.fit and UNEXPLAINED not in picks[p.name]]
     if len(fit_points) <= len(knobs):
         raise ValueError(f"{len(fit_points)} fitted, explained points cannot determine {len(knobs)} parameters; give more points or fewer knobs")
-    x = None
-    for _ in range(rounds):  # resolve the unknowns with the current profile, refit, until stable
+    x = _fit(fit_points, starts, knobs, configs)
+    for _ in range(rounds - 1):  # re-resolve the unknowns with the fitted profile, refit, until stable
         changed = False
         for p in fit_points:
-            if not p.unknown and x is not None:
-                continue  # nothing to resolve
-            current = starts[p.name] if x is None else apply(starts[p.name], dict(zip(knobs, x)))
-            cfg, chosen = resolve(p, current)
-            if picks[p.name] != chosen:
-                changed = True
+            if not p.unknown:
+                continue  # a stated configuration does not depend on the profile
+            cfg, chosen = resolve(p, apply(starts[p.name], dict(zip(knobs, x))))
+            changed |= picks[p.name] != chosen
             configs[p.name], picks[p.name] = cfg, chosen
-        if not changed and x is not None:
+        if not changed:
             break
         x = _fit([p for p in fit_points if UNEXPLAINED not in picks[p.name]], starts, knobs, configs, x)
     values = dict(zip(knobs, x))
@@ -301,17 +302,15 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: 
                 by_name[p.name].loo_predicted_step_s = predict(p, trial, {p.name: cfg_i})[0]
 
     fitted = [r for r in results if r.scored]
-    logs = np.array([math.log(r.predicted_step_s / r.measured_step_s) for r in fitted])
-    loo_logs = [math.log(r.loo_predicted_step_s / r.measured_step_s) for r in fitted if r.loo_predicted_step_s]
-    spread = np.array(loo_logs) if loo_logs else logs
+    held_out = any(r.loo_predicted_step_s for r in fitted)
     stats = CalibrationStats(
         points=len(fitted),
-        log_residual_sd=float(np.sqrt(np.mean(spread**2))),
+        log_residual_sd=log_residual_sd(fitted),
         mape_pct=float(np.mean([abs(r.error_pct) for r in fitted])),
-        loo_mape_pct=float(np.mean([abs(r.loo_error_pct) for r in fitted if r.loo_error_pct is not None])) if loo_logs else None,
+        loo_mape_pct=float(np.mean([abs(r.loo_error_pct) for r in fitted if r.loo_error_pct is not None])) if held_out else None,
         max_abs_error_pct=float(max(abs(r.error_pct) for r in fitted)),
         data=sorted({r.source for r in fitted}),
-        cross_validation=cross_validate if loo_logs else None,
+        cross_validation=cross_validate if held_out else None,
     )
     base = apply(starts[fit_points[0].name], values)
     efficiency = base.efficiency.model_copy(update={
@@ -319,6 +318,17 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] = DEFAULT_KNOBS, loo: 
         "source": f"calibrated on {len(fitted)} public measured runs from {len(stats.data)} sources (problems/validation): {'; '.join(stats.data)}",
     })
     return Calibration(base.model_copy(update={"efficiency": efficiency}), {k: float(v) for k, v in values.items()}, results)
+
+
+def log_residual_sd(results: list[PointResult]) -> float:
+    """Root mean square of log(predicted / measured) over the scored points: their held-out
+    predictions where cross-validation made them, else the in-sample ones (the 90% interval is
+    prediction x exp(+-1.645 sd))."""
+    scored = [r for r in results if r.scored]
+    held = [r for r in scored if r.loo_predicted_step_s]
+    logs = [math.log(r.loo_predicted_step_s / r.measured_step_s) for r in held] if held else \
+        [math.log(r.predicted_step_s / r.measured_step_s) for r in scored]
+    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
 
 
 def cross_validation_summary(results: list[PointResult], log_residual_sd: float) -> dict:

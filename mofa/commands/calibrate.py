@@ -31,7 +31,7 @@ def run(args) -> int:
     import yaml
 
     from calibration.data import load_points
-    from calibration.fit import KNOBS, calibrate, default_knobs
+    from calibration.fit import KNOBS, calibrate
     from calibration.profile import profile_document
     from costmodel.presets import HARDWARE
     from costmodel.presets.hardware import chip_of
@@ -48,8 +48,8 @@ def run(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         print(f"mofa calibrate: the directory of --out {args.out} does not exist", file=sys.stderr)
         return 2
-    knobs = tuple(k.strip() for k in args.knobs.split(",")) if args.knobs else default_knobs(points)
-    unknown = [k for k in knobs if k not in KNOBS]
+    knobs = tuple(k.strip() for k in args.knobs.split(",")) if args.knobs else None
+    unknown = [k for k in knobs or () if k not in KNOBS]
     if unknown:
         print(f"mofa calibrate: unknown knobs {unknown} (known: {', '.join(KNOBS)})", file=sys.stderr)
         return 2

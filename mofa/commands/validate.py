@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from calibration.data import load_dataset
-    from calibration.fit import KNOBS, calibrate, cross_validation_summary, default_knobs, point_result
+    from calibration.fit import KNOBS, calibrate, cross_validation_summary, log_residual_sd, point_result
     from calibration.memory_checks import memory_checks
     from calibration.profile import read_profile, with_profile
     from calibration.resolve import resolve
@@ -67,15 +67,14 @@ def run(args) -> int:
             chips.setdefault(chip_of(point.problem.hardware), []).append(point)
         held, fitted_knobs = [], {}
         for chip, points in sorted(chips.items()):
-            chip_knobs = knobs or default_knobs(points)
             try:
-                cal = calibrate(points, chip_knobs, loo=True, cross_validate=args.cross_validate)
+                cal = calibrate(points, knobs, loo=True, cross_validate=args.cross_validate)
             except ValueError as exc:  # too few points on this chip to refit
                 print(f"mofa validate: {chip}: no cross-validation ({exc})", file=sys.stderr)
                 continue
             held += cal.results
             fitted_knobs[chip] = cal.knobs
-        sd = _pooled_sd(held)
+        sd = log_residual_sd(held)
         out["cross_validation"] = {"held_out": args.cross_validate, "knobs": fitted_knobs, **cross_validation_summary(held, sd), "log_residual_sd": sd}
     out["memory_checks"] = memory_checks()
     print(to_json(stamped(out, list(args.data))) if args.json else render_validation(out))
@@ -83,13 +82,6 @@ def run(args) -> int:
         print(f"mofa validate: MAPE {out['mape_pct']:.2f}% exceeds --max-mape {args.max_mape}", file=sys.stderr)
         return 1
     return 0
-
-
-def _pooled_sd(results) -> float:
-    import math
-
-    logs = [math.log(r.loo_predicted_step_s / r.measured_step_s) for r in results if r.scored and r.loo_predicted_step_s]
-    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
 
 
 def _errors(rows: list[dict], key: str) -> dict:

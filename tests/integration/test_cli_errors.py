@@ -298,7 +298,7 @@ def test_json_outputs_carry_version_and_input(tmp_path):
     written = json.loads((tmp_path / "out" / "result.json").read_text())
     assert written["mofa_version"] == v and written["input"] == tuning
     points = sorted(str(p) for p in (PROBLEMS / "validation").glob("korthikanti_*.yaml"))
-    for command in (["validate", *points], ["calibrate", *points, "--hardware", "a100-80gb", "--no-loo"]):
+    for command in (["validate", *points], ["calibrate", *points, "--hardware", "a100-80gb", "--knobs", "gemm,attention", "--no-loo"]):
         result = run(*command, "--json")
         assert result.returncode == 0, result.stderr
         out = json.loads(result.stdout)
