@@ -10,8 +10,10 @@ small GEMMs (tiny experts, large TP) slower than their FLOPs suggest.
 Shape (issue 9): under the modified roofline a GEMM's compute ceiling is
     peak_fraction * P_peak * wave(M, N) * K / (K + k_half)
 where wave(M, N) is the share of the SMs the output tiles keep busy over their waves
-(ceil(M/tm) * ceil(N/tn) tiles on `sm_count` SMs: the last wave runs partly idle) and the
-K-term the main loop's share of a tile's time (prologue and epilogue). The backward of a GEMM is
+(ceil(M/tm) * ceil(N/tn) tiles on `sm_count` SMs: the last wave runs partly idle; none when the
+profile has no tile, as for Hopper's persistent cuBLAS kernels) and the K-term the main loop's share
+of a tile's time (prologue and epilogue). Which terms a chip needs is decided by its measured
+kernel timings (calibration/kernels.py, leave-one-model-out on real layers). The backward of a GEMM is
 a data-gradient GEMM (M x K output over N) and a weight-gradient GEMM (K x N output over the M
 tokens): each is timed at its own shape. Fused attention runs at peak_fraction * L/(L + seq_half)
 with L the query tokens of one call, its backward `attention_backward_ratio` times the
@@ -69,7 +71,7 @@ class ComputeModel:
         if eff.gemm_k_half > 0:
             out = k / (k + eff.gemm_k_half)
         sms = self.hw.sm_count
-        if sms:
+        if sms and eff.gemm_tile:
             tm, tn = eff.gemm_tile
             tiles = np.ceil(m / tm) * np.ceil(np.maximum(n, 1.0) / tn)
             out = out * tiles / (np.ceil(tiles / sms) * sms)

@@ -239,10 +239,12 @@ class EfficiencyProfile(Spec):
         description="GEMM reduction depth at which the main loop reaches half its peak rate: efficiency x K/(K + k_half) "
         "(prologue/epilogue of each output tile); 0 = no shape dependence",
     )
-    gemm_tile: tuple[Count, Count] = Field(
+    gemm_tile: tuple[Count, Count] | None = Field(
         default=(128, 256),
         strict=False,
-        description="output tile of the GEMM kernels (M x N); with the GPU's SM count it sets the wave quantization",
+        description="output tile of the GEMM kernels (M x N); with the GPU's SM count it sets the wave quantization. "
+        "None: no wave quantization (persistent / stream-K GEMMs such as cuBLAS's on Hopper, where kernel timings "
+        "show the last-wave loss absent: calibration/kernels.py)",
     )
     attention_seq_half: float = Field(
         default=0.0,

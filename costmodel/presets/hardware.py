@@ -11,6 +11,11 @@ def _register(spec: HardwareSpec) -> HardwareSpec:
     return spec
 
 
+def chip_of(hw: HardwareSpec) -> str:
+    """The die a GPU is built on: presets on one chip share a calibrated profile."""
+    return hw.chip or hw.name
+
+
 # MoFa's devices A and B (Table 3) are anonymous accelerators. Table 3 gives memory, peak,
 # H2D/D2H and CPU memory; everything else is named below as derived from the paper's own
 # figures or assumed.
@@ -204,6 +209,28 @@ _register(HardwareSpec(
 ))
 
 
+def _apply_kernel_profiles() -> None:
+    """Kernel-level efficiency measured on the GPU itself (kernels/<chip>.yaml, written by
+    `python -m calibration.kernels` from timings in calibration/kernels/) replaces the guessed
+    defaults of every preset on that chip: GEMM and grouped-GEMM rates and their shape terms,
+    fused-attention curves per implementation, the attention backward ratio, the memory-bound
+    fraction and the launch floor. Step-time calibration starts from these."""
+    from pathlib import Path
+
+    import yaml
+
+    for path in sorted((Path(__file__).parent / "kernels").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        for name, spec in list(HARDWARE.items()):
+            if chip_of(spec) != data["chip"]:
+                continue
+            merged = {**spec.efficiency.model_dump(), **data["efficiency"]}
+            merged["source"] = f"{spec.efficiency.source}; kernel terms measured: {data['source']}"
+            HARDWARE[name] = spec.model_copy(update={"efficiency": EfficiencyProfile.model_validate(merged)})
+
+
+_apply_kernel_profiles()
+
 #: the documented defaults, kept for recalibration (calibration starts from these)
 DEFAULT_EFFICIENCY = {name: spec.efficiency for name, spec in HARDWARE.items()}
 
@@ -227,11 +254,6 @@ def _load_calibrated_profiles() -> None:
         for name, spec in list(HARDWARE.items()):
             if chip_of(spec) == family:
                 HARDWARE[name] = spec.model_copy(update={"efficiency": efficiency})
-
-
-def chip_of(hw: HardwareSpec) -> str:
-    """The die a GPU is built on: presets on one chip share a calibrated profile."""
-    return hw.chip or hw.name
 
 
 _load_calibrated_profiles()

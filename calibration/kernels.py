@@ -1,0 +1,393 @@
+"""Fit the model's kernel-level terms to kernel timings measured on the GPU itself.
+
+The step-time calibration (`calibration/fit.py`) fits a few levels to whole training runs; the
+*shape* of efficiency -- how a GEMM slows down for thin shards and short reductions, how fused
+attention speeds up with longer sequences, how much slower its backward is, what a
+memory-bound kernel and a launch cost -- is physics of the chip that end-to-end runs can barely
+separate. Those terms are fitted here to tables taken with `bench/device/measure_kernels.py`
+(`calibration/kernels/<chip>/run*/`), by least squares on log time, through the cost model's own
+`ComputeModel` (one implementation of eqs. 1 and 19: the fit scores exactly the formula the
+model runs):
+
+  GEMM (bf16, fp8):   T = 2MNK / min(bw * AI * B_hbm, peak_fraction * P * wave(M,N) * K/(K + k_half)) + t_launch
+  fused attention:    T_fwd = F / (peak_fraction * P * L/(L + seq_half)) + t_launch, T_bwd = ratio * T_fwd
+  memory-bound:       T = bytes / (fraction * B_hbm) + kernels * t_launch
+
+The output tile (wave quantization) is chosen among the tiles cuBLAS runs on the chip by the
+same criterion. GEMMs are fitted on the random (M, N, K) grid and *tested* on the layers of real
+models (forward, data-gradient and weight-gradient GEMMs of Llama 3 and MPT under TP 1-8), which
+the fit never saw: that error is the one to quote. The result is a small YAML file per chip,
+`costmodel/presets/kernels/<chip>.yaml`, that the hardware presets start from.
+
+Run: python -m calibration.kernels calibration/kernels/h100-sxm --hardware h100-sxm [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
+
+from costmodel.compute import ComputeModel
+from costmodel.presets.hardware import HARDWARE, chip_of
+from costmodel.specs import HardwareSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL_PRESETS = ROOT / "costmodel" / "presets" / "kernels"
+#: output tiles cuBLAS/CUTLASS run for large bf16/fp8 GEMMs on Hopper and Ampere
+TILES = ((128, 128), (128, 256), (256, 128))
+#: attention curves are fitted at this head dim (see fit_attention)
+FIT_HEAD_DIM = 128
+#: the backends of torch's scaled_dot_product_attention -> the model's attention_impl names
+BACKEND_IMPL = {"flash": "sdpa", "cudnn": "te"}
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    n: int
+    median_abs_pct: float
+    p90_abs_pct: float
+
+    @staticmethod
+    def of(log_ratio: np.ndarray) -> "FitQuality":
+        pct = np.abs(np.expm1(log_ratio)) * 100.0
+        return FitQuality(int(pct.size), float(np.median(pct)), float(np.percentile(pct, 90)))
+
+    def text(self) -> str:
+        return f"median |err| {self.median_abs_pct:.1f}%, p90 {self.p90_abs_pct:.1f}% (n={self.n})"
+
+
+def read_runs(folder: Path, table: str) -> list[dict]:
+    """Rows of `table` from every run folder, each timing the geometric mean over the runs that
+    measured the same kernel (a second run is a repeat, not new shapes)."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in sorted(folder.glob("run*")):
+        path = run / f"{table}.csv"
+        if not path.exists():
+            continue
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                key = tuple((k, v) for k, v in row.items() if not k.endswith(("_ms", "tflops", "gb_per_s", "rel_err", "us_per_kernel")))
+                groups.setdefault(key, []).append(row)
+    out = []
+    for rows in groups.values():
+        merged = dict(rows[0])
+        for col in rows[0]:
+            if col.endswith(("_ms", "us_per_kernel")):
+                merged[col] = math.exp(sum(math.log(float(r[col])) for r in rows) / len(rows))
+        merged["repeats"] = len(rows)
+        out.append(merged)
+    return out
+
+
+def run_to_run(folder: Path, table: str, col: str) -> FitQuality:
+    """The spread between repeated runs of the same kernels: the floor under any fit error."""
+    groups: dict[tuple, list[float]] = {}
+    for run in sorted(folder.glob("run*")):
+        with (run / f"{table}.csv").open() as f:
+            for row in csv.DictReader(f):
+                key = tuple((k, v) for k, v in row.items() if not k.endswith(("_ms", "tflops", "gb_per_s", "rel_err")))
+                groups.setdefault(key, []).append(float(row[col]))
+    pairs = [v for v in groups.values() if len(v) >= 2]
+    return FitQuality.of(np.array([math.log(v[1] / v[0]) for v in pairs]))
+
+
+def _with(hw: HardwareSpec, **efficiency) -> HardwareSpec:
+    data = hw.model_dump()
+    for key, value in efficiency.items():
+        data["efficiency"][key] = value
+    return HardwareSpec.model_validate(data)
+
+
+# --------------------------------------------------------------------------------------------
+# GEMMs
+# --------------------------------------------------------------------------------------------
+def gemm_predict(hw: HardwareSpec, dtype: str, m, n, k, peak_fraction, bw_fraction, k_half, tile, overhead_us) -> np.ndarray:
+    curve = {"peak_fraction": float(peak_fraction), "bandwidth_fraction": float(bw_fraction)}
+    spec = _with(hw, mode="modified_roofline", gemm_k_half=float(k_half), gemm_tile=tile, kernel_overhead_us=float(overhead_us),
+                 **{"fp8_gemm" if dtype == "fp8" else "gemm": curve})
+    comp = ComputeModel(spec, dtype, 1 if dtype == "fp8" else 2)
+    return comp.gemm_time_of(np.asarray(m, float), np.asarray(n, float), np.asarray(k, float))
+
+
+#: the GEMM model's shape terms, each switched on or off: (k_half fitted, output tile or None)
+GEMM_FORMS: dict[str, tuple[bool, tuple[int, int] | None]] = {
+    "roofline": (False, None),
+    "roofline+k_half": (True, None),
+    **{f"roofline+wave{t[0]}x{t[1]}": (False, t) for t in TILES},
+    **{f"roofline+k_half+wave{t[0]}x{t[1]}": (True, t) for t in TILES},
+}
+
+
+def _gemm_columns(rows: list[dict]) -> tuple[np.ndarray, ...]:
+    return tuple(np.array([float(r[c]) for r in rows]) for c in ("m", "n", "k")) + (np.array([float(r["time_ms"]) for r in rows]) * 1e-3,)
+
+
+def _fit_form(hw: HardwareSpec, dtype: str, rows: list[dict], form: str) -> tuple[np.ndarray, float]:
+    """Least squares on log time of one form: x = (peak_fraction, bandwidth_fraction, launch_us[, k_half])."""
+    with_k, tile = GEMM_FORMS[form]
+    m, n, k, t = _gemm_columns(rows)
+
+    def predict(x, m, n, k):
+        return gemm_predict(hw, dtype, m, n, k, x[0], x[1], x[3] if with_k else 0.0, tile, x[2])
+
+    x0, lo, hi = [0.7, 0.7, 5.0] + [128.0] * with_k, [0.2, 0.1, 0.0] + [0.0] * with_k, [1.0, 1.0, 50.0] + [8192.0] * with_k
+    sol = least_squares(lambda x: np.log(predict(x, m, n, k) / t), x0=x0, bounds=(lo, hi))
+    return sol.x, predict
+
+
+def _family(row: dict) -> str:
+    return row["label"].split(".")[0]
+
+
+def fit_gemm(hw: HardwareSpec, rows: list[dict], dtype: str) -> dict:
+    """Choose the GEMM form and fit it.
+
+    Every form is scored by leave-one-model-out cross-validation on the layers of real models:
+    fitted on the random (M, N, K) grid plus the layers of all other models, it predicts the
+    forward, data-gradient and weight-gradient GEMMs of the held-out model (Llama 3 8B/70B/405B,
+    MPT-7B/30B under TP 1-8). The form with the lowest cross-validated median error is refitted
+    on everything; its cross-validated error is the figure to quote."""
+    grid = [r for r in rows if r["dtype"] == dtype and r["label"] == "grid"]
+    layers = [r for r in rows if r["dtype"] == dtype and r["label"] != "grid"]
+    families = sorted({_family(r) for r in layers})
+    scores: dict[str, tuple[FitQuality, np.ndarray]] = {}
+    for form in GEMM_FORMS:
+        held = np.empty(len(layers))
+        for fam in families:
+            train = grid + [r for r in layers if _family(r) != fam]
+            test_idx = [i for i, r in enumerate(layers) if _family(r) == fam]
+            x, predict = _fit_form(hw, dtype, train, form)
+            m, n, k, t = _gemm_columns([layers[i] for i in test_idx])
+            held[test_idx] = np.log(predict(x, m, n, k) / t)
+        scores[form] = (FitQuality.of(held), held)
+    best = min(scores, key=lambda f: scores[f][0].median_abs_pct)
+    x, predict = _fit_form(hw, dtype, grid + layers, best)
+    with_k, tile = GEMM_FORMS[best]
+    m, n, k, t = _gemm_columns(grid + layers)
+    held = scores[best][1]
+    return {
+        "form": best,
+        "peak_fraction": float(x[0]),
+        "bandwidth_fraction": float(x[1]),
+        "overhead_us": float(x[2]),
+        "k_half": float(x[3]) if with_k else 0.0,
+        "tile": list(tile) if tile else None,
+        "fit": FitQuality.of(np.log(predict(x, m, n, k) / t)),
+        "cross_validated_layers": scores[best][0],
+        "forms": {f: q for f, (q, _) in scores.items()},
+        "by_pass": {p[1:]: FitQuality.of(held[np.array([r["label"].endswith(p) for r in layers])]) for p in (".fwd", ".dgrad", ".wgrad")},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Fused attention
+# --------------------------------------------------------------------------------------------
+def attention_predict(hw: HardwareSpec, flops, seq, peak_fraction, seq_half, overhead_us) -> np.ndarray:
+    spec = _with(hw, mode="modified_roofline", attention={"peak_fraction": float(peak_fraction), "bandwidth_fraction": 0.8},
+                 attention_seq_half=float(seq_half), kernel_overhead_us=float(overhead_us))
+    return ComputeModel(spec, "bf16", 2).attention_time(np.asarray(flops, float), np.asarray(seq, float))
+
+
+def fit_attention(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> dict:
+    """Per backend: peak_fraction and seq_half of the causal forward at head dim 128 (the training
+    case: Llama, Qwen, Mixtral, DeepSeek's MLA heads are wider still); one backward/forward ratio
+    for the backends the model names (the profile has one). What the model has no term for is
+    reported apart, not fitted: TP-thin calls with 2-8 heads (an under-filled grid of attention
+    tiles), non-causal calls, and head dim 64."""
+    out: dict = {"backends": {}}
+    ratios = []
+    for backend in sorted({r["backend"] for r in rows}):
+        rs = [r for r in rows if r["backend"] == backend and int(r["heads"]) >= 16 and int(r["causal"]) and int(r["head_dim"]) == FIT_HEAD_DIM]
+        thin = [r for r in rows if r["backend"] == backend and int(r["heads"]) < 16]
+        full = [r for r in rows if r["backend"] == backend and not int(r["causal"])]
+        other_dims = [r for r in rows if r["backend"] == backend and int(r["heads"]) >= 16 and int(r["causal"]) and int(r["head_dim"]) != FIT_HEAD_DIM]
+        col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
+        flops, seq, fwd, bwd = col(rs, "fwd_flops"), col(rs, "seq"), col(rs, "fwd_ms") * 1e-3, col(rs, "bwd_ms") * 1e-3
+
+        def resid(x):
+            return np.log(attention_predict(hw, flops, seq, x[0], x[1], overhead_us) / fwd)
+
+        sol = least_squares(resid, x0=[0.5, 512.0], bounds=([0.02, 0.0], [1.0, 16384.0]))
+        ratio = float(np.exp(np.median(np.log(bwd / fwd))))
+        if backend in BACKEND_IMPL:
+            ratios.append(np.log(bwd / fwd))
+        def err(rs_):
+            return FitQuality.of(np.log(attention_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), *sol.x, overhead_us) / (col(rs_, "fwd_ms") * 1e-3))) if rs_ else None
+
+        by_dim = {int(d): err([r for r in other_dims if r["head_dim"] == d]) for d in sorted({r["head_dim"] for r in other_dims})}
+        out["backends"][backend] = {
+            "impl": BACKEND_IMPL.get(backend),
+            "peak_fraction": float(sol.x[0]),
+            "seq_half": float(sol.x[1]),
+            "backward_ratio_median": ratio,
+            "fit": FitQuality.of(sol.fun),
+            "other_head_dims_not_modelled": by_dim,
+            "few_heads_not_modelled": err(thin),
+            "non_causal_not_modelled": err(full),
+        }
+    all_ratios = np.concatenate(ratios)
+    out["backward_ratio"] = float(np.exp(np.median(all_ratios)))
+    out["backward_fit"] = FitQuality.of(all_ratios - np.log(out["backward_ratio"]))
+    return out
+
+
+def fit_grouped(hw: HardwareSpec, rows: list[dict], bf16: dict) -> dict | None:
+    """MoE expert GEMMs (torch._grouped_mm, one launch for all experts): the grouped-GEMM peak
+    fraction, with the bandwidth fraction and launch floor of the plain GEMMs."""
+    if not rows:
+        return None
+    e, tok, k, n = (np.array([float(r[c]) for r in rows]) for c in ("experts", "tokens_per_expert", "k", "n"))
+    t = np.array([float(r["time_ms"]) for r in rows]) * 1e-3
+
+    def predict(frac):
+        spec = _with(hw, mode="modified_roofline", gemm_k_half=0.0, gemm_tile=None, kernel_overhead_us=bf16["overhead_us"],
+                     grouped_gemm={"peak_fraction": float(frac), "bandwidth_fraction": bf16["bandwidth_fraction"]})
+        return ComputeModel(spec, "bf16", 2).gemm_time_of(tok, n, k, "grouped_gemm", e)
+
+    sol = least_squares(lambda x: np.log(predict(x[0]) / t), x0=[0.6], bounds=([0.05], [1.0]))
+    return {"peak_fraction": float(sol.x[0]), "fit": FitQuality.of(sol.fun)}
+
+
+# --------------------------------------------------------------------------------------------
+# Memory-bound kernels and the launch floor
+# --------------------------------------------------------------------------------------------
+KERNELS_PER_OP = {"copy": 1, "add": 1, "layer_norm": 1, "silu_mul": 2}
+
+
+def fit_memory(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> dict:
+    nbytes = np.array([float(r["bytes"]) for r in rows])
+    kernels = np.array([KERNELS_PER_OP[r["kernel"]] for r in rows], float)
+    t = np.array([float(r["time_ms"]) for r in rows]) * 1e-3
+
+    def predict(frac):
+        spec = _with(hw, mode="modified_roofline", memory_bound_fraction=float(frac), kernel_overhead_us=overhead_us)
+        return ComputeModel(spec, "bf16", 2).memory_time(nbytes, kernels)
+
+    sol = least_squares(lambda x: np.log(predict(x[0]) / t), x0=[0.75], bounds=([0.2], [1.0]))
+    return {"fraction": float(sol.x[0]), "fit": FitQuality.of(sol.fun)}
+
+
+def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
+    gemm_rows = read_runs(folder, "gemm")
+    bf16 = fit_gemm(hw, gemm_rows, "bf16")
+    fp8 = fit_gemm(hw, gemm_rows, "fp8") if any(r["dtype"] == "fp8" for r in gemm_rows) else None
+    overhead = bf16["overhead_us"]
+    meta = json.loads(next(iter(sorted(folder.glob("run*/meta.json")))).read_text())
+    return {
+        "folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder),
+        "device": meta["device"],
+        "taken_utc": sorted(json.loads(p.read_text())["taken_utc"] for p in folder.glob("run*/meta.json")),
+        "software": f"torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}",
+        "gemm_bf16": bf16,
+        "gemm_fp8": fp8,
+        "grouped_gemm": fit_grouped(hw, read_runs(folder, "grouped_gemm"), bf16),
+        "attention": fit_attention(hw, read_runs(folder, "attention"), overhead),
+        "memory": fit_memory(hw, read_runs(folder, "memory"), overhead),
+        "repeat_spread_gemm": run_to_run(folder, "gemm", "time_ms"),
+    }
+
+
+def profile_fields(fit: dict) -> dict:
+    """The EfficiencyProfile fields the kernel fit fixes (the rest stay with the preset)."""
+    bf16, fp8, att = fit["gemm_bf16"], fit["gemm_fp8"], fit["attention"]
+    fields = {
+        "gemm": {"peak_fraction": round(bf16["peak_fraction"], 4), "bandwidth_fraction": round(bf16["bandwidth_fraction"], 4)},
+        "gemm_k_half": round(bf16["k_half"], 1),
+        "gemm_tile": bf16["tile"],
+        "kernel_overhead_us": round(bf16["overhead_us"], 2),
+        "attention_backward_ratio": round(att["backward_ratio"], 3),
+        "memory_bound_fraction": round(fit["memory"]["fraction"], 4),
+        "attention_impls": {},
+    }
+    if fit["grouped_gemm"]:
+        fields["grouped_gemm"] = {"peak_fraction": round(fit["grouped_gemm"]["peak_fraction"], 4), "bandwidth_fraction": round(bf16["bandwidth_fraction"], 4)}
+    if fp8:
+        fields["fp8_gemm"] = {"peak_fraction": round(fp8["peak_fraction"], 4), "bandwidth_fraction": round(fp8["bandwidth_fraction"], 4)}
+    halves = []
+    for b in att["backends"].values():
+        if b["impl"]:
+            fields["attention_impls"][b["impl"]] = {"peak_fraction": round(b["peak_fraction"], 4), "bandwidth_fraction": 0.8}
+            halves.append(b["seq_half"])
+    # one seq_half per profile: the implementations' geometric mean
+    fields["attention_seq_half"] = round(float(np.exp(np.mean(np.log(np.maximum(halves, 1.0))))), 1)
+    return fields
+
+
+def _plain(obj):
+    if isinstance(obj, FitQuality):
+        return {"n": obj.n, "median_abs_pct": round(obj.median_abs_pct, 2), "p90_abs_pct": round(obj.p90_abs_pct, 2)}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float):
+        return round(obj, 6)
+    return obj
+
+
+def report(fit: dict) -> str:
+    lines = [f"kernel fit for {fit['device']} ({fit['software']}), tables in {fit['folder']}",
+             f"  repeat-to-repeat spread of the same GEMMs: {fit['repeat_spread_gemm'].text()}"]
+    for dtype in ("bf16", "fp8"):
+        g = fit[f"gemm_{dtype}"]
+        if not g:
+            continue
+        lines += [f"  GEMM {dtype}: form {g['form']}: peak_fraction {g['peak_fraction']:.3f}, bandwidth_fraction {g['bandwidth_fraction']:.3f}, k_half {g['k_half']:.0f}, tile {g['tile']}, launch {g['overhead_us']:.2f} us",
+                  f"    in sample (grid + layers): {g['fit'].text()}",
+                  f"    cross-validated on the layers of a held-out model: {g['cross_validated_layers'].text()}",
+                  "      by pass: " + ", ".join(f"{p} {q.text()}" for p, q in g["by_pass"].items()),
+                  "    forms compared (cross-validated median/p90 |err|): " + ", ".join(f"{f} {q.median_abs_pct:.1f}/{q.p90_abs_pct:.1f}%" for f, q in g["forms"].items())]
+    if fit["grouped_gemm"]:
+        lines.append(f"  grouped GEMM (MoE experts): peak_fraction {fit['grouped_gemm']['peak_fraction']:.3f}; fit {fit['grouped_gemm']['fit'].text()}")
+    att = fit["attention"]
+    for name, b in att["backends"].items():
+        lines.append(f"  attention {name} (impl {b['impl']}): peak_fraction {b['peak_fraction']:.3f}, seq_half {b['seq_half']:.0f}, bwd/fwd {b['backward_ratio_median']:.2f}; causal fit {b['fit'].text()}")
+        for d, q in b["other_head_dims_not_modelled"].items():
+            lines.append(f"    not modelled, head dim {d}: {q.text()}")
+        for key, what in (("few_heads_not_modelled", "2-8 heads per call"), ("non_causal_not_modelled", "non-causal")):
+            if b[key]:
+                lines.append(f"    not modelled, {what}: {b[key].text()}")
+    lines.append(f"  attention backward/forward {att['backward_ratio']:.2f}: {att['backward_fit'].text()}")
+    lines.append(f"  memory-bound fraction {fit['memory']['fraction']:.3f}: {fit['memory']['fit'].text()}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m calibration.kernels", description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="a folder of run*/ tables from bench/device/measure_kernels.py")
+    p.add_argument("--hardware", required=True, help="the preset whose datasheet peaks the tables are scored against")
+    p.add_argument("--write", action="store_true", help=f"write {KERNEL_PRESETS.relative_to(ROOT)}/<chip>.yaml")
+    args = p.parse_args(argv)
+    if args.hardware not in HARDWARE:
+        print(f"--hardware: unknown preset {args.hardware!r}", file=sys.stderr)
+        return 2
+    hw = HARDWARE[args.hardware]
+    fit = fit_chip(args.folder.resolve(), hw)
+    print(report(fit))
+    if args.write:
+        from mofa.atomic import write_atomically  # noqa: PLC0415 -- only the writer needs it
+
+        chip = chip_of(hw)
+        doc = {
+            "chip": chip,
+            "source": f"kernel timings on one {fit['device']} ({fit['software']}), {', '.join(fit['taken_utc'])}, "
+                      f"tables {fit['folder']}, fitted by python -m calibration.kernels {fit['folder']} --hardware {args.hardware}",
+            "efficiency": profile_fields(fit),
+            "fit": _plain({k: v for k, v in fit.items() if k not in ("folder", "device", "software", "taken_utc")}),
+        }
+        KERNEL_PRESETS.mkdir(parents=True, exist_ok=True)
+        write_atomically(str(KERNEL_PRESETS / f"{chip}.yaml"), "# written by python -m calibration.kernels; do not edit by hand\n" + yaml.safe_dump(doc, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
