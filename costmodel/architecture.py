@@ -620,6 +620,9 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> EdgeWork:
         head_gemm=head,
         # final norm; logits written (D), upcast to fp32, softmax and loss: ~4 fp32 passes
         head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits,
-        head_saved=D * Tsp * h + D * Tsp * h + 4 * logits,
+        # saved for the loss backward: the final-norm input and output, the fp32 softmax; eagerly
+        # (PyTorch cross_entropy on .float() logits) also the bf16 logits and, at the start of the
+        # backward, two fp32 gradients (log-probs, logits) of the logits' size
+        head_saved=D * Tsp * h + D * Tsp * h + (4 + (D + 8) * (tr.loss_kernel == "eager_fp32")) * logits,
         head_tp_bytes=np.where(t > 1, D * T * h, 0.0),
     )

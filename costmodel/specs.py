@@ -467,6 +467,14 @@ class TrainingSpec(Spec):
         description="which fused-attention implementation the framework runs (its efficiency: "
         "efficiency.attention_impls); None: the profile's attention curve",
     )
+    loss_kernel: Literal["fused", "eager_fp32"] = Field(
+        default="fused",
+        description="the cross-entropy: fused = Megatron's vocab-parallel kernel (fp32 softmax saved, its gradient "
+        "computed in place); eager_fp32 = PyTorch F.cross_entropy(logits.float()) as torchtitan and plain PyTorch "
+        "scripts run it: the bf16 logits stay alive and the loss backward allocates fp32 gradients of the log-probs "
+        "and of the logits while every activation of the micro-batch is still held (measured on an H100: "
+        "calibration/kernels/h100-sxm/steps)",
+    )
     sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
     p2p_scatter_gather: bool = Field(
         default=False,
