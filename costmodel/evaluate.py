@@ -18,7 +18,7 @@ from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
 from costmodel.configs import CP_COMM_CODES, MOE_CHUNKS_AUTO, ConfigBatch
 from costmodel.documents import attention_factor
-from costmodel.flops import model_flops_per_token, recompute_flops_per_token
+from costmodel.flops import convention_flops_per_token, mfu_convention, recompute_flops_per_token
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
 from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, choose_bin, nccl_and_context, rank_memory, rank_params
 from costmodel.network import Network
@@ -56,7 +56,8 @@ class Evaluation:
     hfu: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
     tokens_per_s: np.ndarray
-    model_flops_per_step: float  # the MFU numerator (costmodel.flops: PaLM's convention)
+    model_flops_per_step: float  # the MFU numerator, counted in mfu_convention(flops_convention)
+    flops_convention: str  # training.flops_convention: what the MFU/HFU/TFLOP/s figures count (costmodel.flops)
     checkpoint_save_s: float | None
     pp_without_overlap_s: np.ndarray  # for search bounds: PP exposure without overlap,
     pp_overlap_floor_s: np.ndarray  # and the part that overlap cannot hide
@@ -89,6 +90,8 @@ class Evaluation:
             "tokens_per_s_per_gpu": float(self.tokens_per_s_per_gpu[i]),
             "tokens_per_s": float(self.tokens_per_s[i]),
             "model_flops_per_step": self.model_flops_per_step,
+            "flops_convention": self.flops_convention,
+            "mfu_convention": mfu_convention(self.flops_convention),
             "checkpoint_save_s": self.checkpoint_save_s,
             "ettr": float(self.ettr[i]) if ft else None,
             "checkpoint_interval": int(self.checkpoint_interval[i]) if ft else None,
@@ -425,8 +428,9 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     host_used = np.maximum(np.maximum(ledgers[0].host, ledgers[1].host), ledgers[2].host)
 
     tokens = tr.global_batch_size * tr.seq_len
-    model_flops = tokens * model_flops_per_token(m, tr.seq_len)
-    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg)
+    convention = mfu_convention(tr.flops_convention)
+    model_flops = tokens * convention_flops_per_token(m, tr.seq_len, convention)
+    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg, causal=convention == "palm_causal")
     peak_flops = hw.peak(tr.dtypes.compute) * TFLOP
     tflops = model_flops / (step * G) / TFLOP
 
@@ -449,6 +453,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         tokens_per_s_per_gpu=tokens / (step * G),
         tokens_per_s=tokens / step,
         model_flops_per_step=float(model_flops),
+        flops_convention=tr.flops_convention,
         checkpoint_save_s=save_s,
         pp_without_overlap_s=pipe.pp_without_overlap,
         pp_overlap_floor_s=pipe.pp_overlap_floor,
