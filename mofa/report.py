@@ -80,6 +80,14 @@ def mfu_label(result: dict) -> str:
     return f"MFU {100 * result['mfu']:.1f}% ({convention_of(result)})"
 
 
+def bounds_line(bounds: dict, step: float) -> str:
+    """The lower bounds per phase beside the step (costmodel.bounds), each as a share of it."""
+    share = lambda v: f"{v:.3g} s ({100 * v / step:.0f}%)" if step else f"{v:.3g} s"
+    comm = ", ".join(f"{k} {bounds['comm_' + k]:.3g}" for k in ("tp", "cp", "ep", "dp") if bounds.get("comm_" + k))
+    return (f"lower bounds (ideal hardware, busiest rank): compute {share(bounds['compute'])}, memory {share(bounds['memory'])}, "
+            f"communication {share(bounds['comm'])}" + (f" [{comm} s]" if comm else ""))
+
+
 def render_evaluation(problem_name: str, result: dict) -> str:
     c = result["config"]
     out = [f"{problem_name}: {config_label(c)}", f"features: {features_label(c)}", ""]
@@ -90,6 +98,8 @@ def render_evaluation(problem_name: str, result: dict) -> str:
     if "step_time_interval_s" in result:
         lo, hi = result["step_time_interval_s"]
         out.append(f"calibrated interval: {lo:.2f} - {hi:.2f} s")
+    if result.get("lower_bounds_s"):
+        out.append(bounds_line(result["lower_bounds_s"], step))
     out.append("")
     mem = result["memory_gib"]
     mrows = [[k.replace("_", " "), v] for k, v in mem.items() if k != "peak" and v]
@@ -143,6 +153,8 @@ def render_solve(problem, out: dict) -> str:
     if "step_time_interval_s" in best:
         lo, hi = best["step_time_interval_s"]
         lines.append(f"step time {best['step_time_s']:.2f} s (calibrated interval {lo:.2f} - {hi:.2f} s)")
+    if best.get("lower_bounds_s"):
+        lines.append(bounds_line(best["lower_bounds_s"], best["step_time_s"]))
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ COLUMNS = (("run", "model", "hardware", "num_gpus", "supernode_size", "tp", "cp"
             "global_batch_size", "seq_len", "pp_schedule", "features")
            + tuple(c for c, _ in MEMORY_COLUMNS) + ("memory_capacity_gib", "model_flops_per_step")
            + tuple(c for c, _ in TIME_COLUMNS)
-           + ("t_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_convention", "flops_convention", "ettr", "checkpoint_interval_steps",
+           + ("t_step_s", "t_bound_compute_s", "t_bound_memory_s", "t_bound_comm_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_convention", "flops_convention", "ettr", "checkpoint_interval_steps",
               "e2e_days", "method", "objective", "status", "gap", "solve_time_s", "sweep", "input", "error"))
 
 GIB = 2**30
@@ -67,6 +67,8 @@ def summary_row(marker: dict, result: dict | None, failed: dict | None) -> dict:
     row.update(t_step_s=best["step_time_s"], tokens_per_s=best.get("tokens_per_s"), tokens_per_s_per_gpu=best["tokens_per_s_per_gpu"],
                tflops_per_gpu=best["tflops_per_gpu"], mfu=best["mfu"], mfu_convention=best.get("mfu_convention", "palm"), flops_convention=best.get("flops_convention", "palm"), ettr=best.get("ettr"),
                checkpoint_interval_steps=best.get("checkpoint_interval"))
+    bounds = best.get("lower_bounds_s") or {}
+    row.update(t_bound_compute_s=bounds.get("compute"), t_bound_memory_s=bounds.get("memory"), t_bound_comm_s=bounds.get("comm"))
     e2e = best.get("e2e_time_s")
     row["e2e_days"] = e2e / SECONDS_PER_DAY if e2e is not None else None
     return row

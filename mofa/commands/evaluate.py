@@ -27,7 +27,7 @@ def run(args) -> int:
     if problem.config is None:
         raise ProblemError(args.problem, "config", "no configuration to evaluate: add a config section or --set tp=... pp=...")
     batch = ConfigBatch.from_specs(problem, [problem.config])
-    result = evaluate(problem, batch).as_dict(0, batch)
+    result = evaluate(problem, batch, bounds=True).as_dict(0, batch)
     result = with_interval(problem, result)
     if args.json:  # the typed launch plan `mofa export` reads
         from mofa.launch.plan import build_plan
