@@ -152,3 +152,19 @@ def test_evaluate_names_the_convention_of_every_figure():
     assert palm["mfu_convention"] == "palm" and verl["flops_convention"] == verl["mfu_convention"] == "verl"
     assert palm["step_time_s"] == verl["step_time_s"]
     assert verl["mfu"] / palm["mfu"] == pytest.approx(verl["model_flops_per_step"] / palm["model_flops_per_step"], rel=1e-12)
+
+
+def test_validate_shows_mfu_in_the_asked_convention():
+    """`mofa validate --flops-convention palm_causal` on Llama 3's 16K-GPU 8K run (stated as 400
+    TFLOP/s in that count): the measured MFU is 400 / 989 exactly, the predicted one is the same
+    FLOPs over the predicted step, and the text names the convention."""
+    import json
+
+    point = str(VALIDATION / "llama3_405b_16384gpu_seq8k.yaml")
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "mofa", "validate", point, "--flops-convention", "palm_causal", *extra],
+                                        capture_output=True, text=True, check=True).stdout
+    row = json.loads(run("--json"))["points"][0]
+    assert row["mfu_convention"] == "palm_causal" and row["measured_convention"] == "palm_causal"
+    assert row["measured_mfu"] == pytest.approx(400 / 989, rel=1e-12)
+    assert row["predicted_mfu"] == pytest.approx(row["measured_mfu"] * row["measured_step_s"] / row["predicted_step_s"], rel=1e-12)
+    assert "(palm_causal)" in run()
