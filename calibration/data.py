@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from costmodel.configs import ConfigBatch
-from costmodel.flops import model_flops_per_token, recompute_flops_per_token
+from costmodel.flops import convention_flops_per_token, mfu_convention, recompute_flops_per_token
 from costmodel.loader import ProblemError, _describe, build_problem, read_yaml
 from costmodel.rules import config_violations
-from costmodel.specs import ConfigSpec, Problem, Spec
+from costmodel.specs import ConfigSpec, FlopsConvention, Problem, Spec
 from costmodel.units import TFLOP
 
 Metric = Literal["iteration_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"]
@@ -28,17 +28,30 @@ UNKNOWABLE = ("mbs", "vp", "recompute", "layer_split")
 
 
 class Measured(Spec):
+    """What a source measured, in its own metric and FLOPs convention (seed note 004: a figure
+    converts to a step time through its own convention before it is compared with ours)."""
+
     metric: Metric
     value: float = Field(gt=0)
     definition: str = ""
     source: str
-    flops_convention: Literal["palm", "causal"] = Field(default="palm", description="attention FLOPs over the full score matrix or its lower triangle")
+    flops_convention: FlopsConvention = Field(
+        default="palm",
+        description="how the source counts the FLOPs of a TFLOP/s or MFU figure (costmodel.flops.FLOPS_CONVENTIONS): palm (attention "
+        "over the whole score matrix), palm_causal (its lower triangle), megatron, verl; tgs only for a tokens/s figure",
+    )
     fit: bool = Field(default=True, description="false: validate only")
     reported_mfu: float | None = Field(default=None, gt=0, le=1)
     reported_hardware_tflops_per_gpu: float | None = Field(default=None, gt=0)
     peak_memory_gib: float | None = Field(
         default=None, gt=0, description="peak device memory the source reports, GiB (2^30 bytes); compared with the model's peak"
     )
+
+    @model_validator(mode="after")
+    def _convention_counts_flops(self):
+        if self.flops_convention == "tgs" and self.metric in ("model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu"):
+            raise ValueError(f"flops_convention tgs counts tokens, not FLOPs: a {self.metric} figure needs palm, palm_causal, megatron or verl")
+        return self
 
 
 @dataclass
@@ -57,13 +70,24 @@ class Point:
     def hardware(self) -> str:
         return self.problem.hardware.name
 
+    def flops_per_step(self, convention: str) -> float:
+        """Model FLOPs of one step in a convention (costmodel.flops; tgs counts PaLM's)."""
+        tr = self.problem.training
+        return tr.global_batch_size * tr.seq_len * convention_flops_per_token(self.problem.model, tr.seq_len, mfu_convention(convention))
+
+    def mfu_of(self, step_s: float, convention: str) -> float:
+        """MFU of this run at a step time, counted in `convention`."""
+        p = self.problem
+        return self.flops_per_step(convention) / (step_s * p.hardware.peak(p.training.dtypes.compute) * TFLOP * p.cluster.num_gpus)
+
     def step_time_s(self) -> float:
-        """The measured metric as a step time (see problems/validation/README.md)."""
+        """The measured metric as a step time (see problems/validation/README.md): a TFLOP/s or
+        MFU figure is divided into the FLOPs of a step counted in the source's own convention
+        (seed note 004), a token rate into the tokens of a step (MemFine eq. 10)."""
         p, m = self.problem, self.measured
         tr, G = p.training, p.cluster.num_gpus
         tokens = tr.global_batch_size * tr.seq_len
-        causal = m.flops_convention == "causal"
-        model_flops = tokens * model_flops_per_token(p.model, tr.seq_len, causal)
+        model_flops = self.flops_per_step(m.flops_convention)
         if m.metric == "iteration_time_s":
             return m.value
         if m.metric == "model_tflops_per_gpu":
@@ -74,7 +98,7 @@ class Point:
             return tokens / (m.value * G)
         if m.metric == "hardware_tflops_per_gpu":
             cfg = ConfigBatch.from_specs(p, [p.config or ConfigSpec()])
-            extra = tokens * float(recompute_flops_per_token(p.model, tr.seq_len, cfg)[0])
+            extra = tokens * float(recompute_flops_per_token(p.model, tr.seq_len, cfg, causal=m.flops_convention == "palm_causal")[0])
             return (model_flops + extra) / (m.value * TFLOP * G)
         raise ValueError(m.metric)
 

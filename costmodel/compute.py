@@ -62,6 +62,14 @@ class ComputeModel:
             return np.minimum(intensity * self.hbm, peak)
         return np.minimum(curve.bandwidth_fraction * intensity * self.hbm, curve.peak_fraction * peak * shape)
 
+    def best_rate(self, kind: str) -> float:
+        """The fastest an operator class runs (FLOP/s): peak x its curve's peak fraction (the
+        roofline's peak; the profiled table's best point) -- what the lower bounds of
+        costmodel.bounds divide FLOPs by, never above any rate `_achieved` returns."""
+        if self.eff.mode == "profiled" and kind in self._tables:
+            return float(self._tables[kind][1].max())
+        return float(self._achieved(kind, np.array([np.inf]))[0])
+
     def _shape(self, m, n, k) -> np.ndarray | float:
         """wave(M, N) * K / (K + k_half) (module docstring); 1 without shape dependence."""
         eff = self.eff

@@ -18,8 +18,9 @@ from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
 from costmodel.configs import CP_COMM_CODES, MOE_CHUNKS_AUTO, ConfigBatch
 from costmodel.documents import attention_factor
-from costmodel.flops import model_flops_per_token, recompute_flops_per_token
-from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, kind_costs, layer_time
+from costmodel.flops import convention_flops_per_token, mfu_convention, recompute_flops_per_token
+from costmodel.bounds import ideal_network, kind_bounds, step_bounds
+from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, collectives, kind_costs, layer_time
 from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, choose_bin, nccl_and_context, rank_memory, rank_params
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
@@ -56,7 +57,8 @@ class Evaluation:
     hfu: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
     tokens_per_s: np.ndarray
-    model_flops_per_step: float  # the MFU numerator (costmodel.flops: PaLM's convention)
+    model_flops_per_step: float  # the MFU numerator, counted in mfu_convention(flops_convention)
+    flops_convention: str  # training.flops_convention: what the MFU/HFU/TFLOP/s figures count (costmodel.flops)
     checkpoint_save_s: float | None
     pp_without_overlap_s: np.ndarray  # for search bounds: PP exposure without overlap,
     pp_overlap_floor_s: np.ndarray  # and the part that overlap cannot hide
@@ -64,6 +66,7 @@ class Evaluation:
     checkpoint_interval: np.ndarray | None
     e2e_time_s: np.ndarray | None
     moe_chunks: np.ndarray  # MemFine FCDA chunks scored (MACT's choice where the configuration says auto)
+    lower_bounds_s: dict[str, np.ndarray] | None  # costmodel.bounds: the step's compute, memory and communication bounds (BOUND_KEYS); None unless asked
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -89,11 +92,14 @@ class Evaluation:
             "tokens_per_s_per_gpu": float(self.tokens_per_s_per_gpu[i]),
             "tokens_per_s": float(self.tokens_per_s[i]),
             "model_flops_per_step": self.model_flops_per_step,
+            "flops_convention": self.flops_convention,
+            "mfu_convention": mfu_convention(self.flops_convention),
             "checkpoint_save_s": self.checkpoint_save_s,
             "ettr": float(self.ettr[i]) if ft else None,
             "checkpoint_interval": int(self.checkpoint_interval[i]) if ft else None,
             "e2e_time_s": (float(self.e2e_time_s[i]) if self.e2e_time_s is not None else None),
             "moe_chunks_used": int(self.moe_chunks[i]),
+            "lower_bounds_s": None if self.lower_bounds_s is None else {k: float(v[i]) for k, v in self.lower_bounds_s.items()},
         }
 
 
@@ -140,8 +146,9 @@ def layer_key_fields(order: list[str]) -> tuple[str, ...]:
     return LAYER_KEY_FIELDS + extra
 
 
-def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
-    """Layer-level costs (eqs. 1, 3, 7, 8, 17-22, 29-35) for each configuration of `cfg`."""
+def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> LayerCosts:
+    """Layer-level costs (eqs. 1, 3, 7, 8, 17-22, 29-35) for each configuration of `cfg`, with
+    each layer's lower bounds (costmodel.bounds) when `bounds`."""
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     eff = hw.efficiency
     d_act = DTYPE_BYTES[tr.dtypes.activations]
@@ -164,6 +171,12 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     if tr.mean_document_tokens is not None:
         tokens = np.minimum(tokens, tr.mean_document_tokens)
     times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens, tr.moe.dispatcher) for work in works]
+    if bounds:
+        ideal = ideal_network(hw, cl)
+        ideal_where = place(cl.placement, cfg, ideal)
+        per_kind = [kind_bounds(work, comp, factor, collectives(work, m, cfg, ideal_where, ideal, tr.moe.dispatcher)) for work in works]
+    else:
+        per_kind = [None] * len(works)
 
     # embedding (first rank) and output head + loss (last rank), per micro-batch
     emb_f = comp.memory_time(edge.embedding_memory_bytes)
@@ -176,7 +189,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
     proj = arch.Gemm("mtp_proj", shard.tokens, h / shard.t, np.full_like(shard.tokens, 2 * h))
     mtp_compute = comp.gemm_time(proj) + sum(comp.gemm_backward_times(proj)) + head_gemm + head_dgrad + head_wgrad + 2.0 * head_mem
     return LayerCosts(
-        kinds=[kind_costs(work, t, cfg) for work, t in zip(works, times)],
+        kinds=[kind_costs(work, t, cfg, b) for work, t, b in zip(works, times, per_kind)],
         embedding_f=emb_f,
         embedding_b=2.0 * emb_f,
         head_compute=head_gemm + head_dgrad + head_wgrad + 2.0 * head_mem,
@@ -257,7 +270,7 @@ def layer_buffers(work: arch.LayerWork, cfg: ConfigBatch, shard: arch.Shard, d_a
     return tp + cp + work.ep_buffer_bytes
 
 
-def shared_layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
+def shared_layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> LayerCosts:
     """MPE's layer-cost reuse (seed 002): configurations that differ only in pipeline, DP,
     optimizer or checkpoint choices share their layer costs, so compute each distinct layer
     shape once and gather. The key is a mixed-radix number of the fields (radix max + 1); a
@@ -275,16 +288,19 @@ def shared_layer_costs(problem: Problem, cfg: ConfigBatch) -> LayerCosts:
         key = key * radix + column.ravel()
     first, inverse = unique_rows(key)
     if len(first) == len(cfg):
-        return layer_costs(problem, cfg)
-    return layer_costs(problem, cfg.take(first)).take(inverse)
+        return layer_costs(problem, cfg, bounds)
+    return layer_costs(problem, cfg.take(first), bounds).take(inverse)
 
 
-def evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
+def evaluate(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Evaluation:
+    """Score every configuration of `cfg`; with `bounds`, also the lower bounds per phase
+    (costmodel.bounds) that outputs show beside the prediction (the searches do without: they
+    cost about a fifth of the throughput)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         auto = cfg.moe_chunks == MOE_CHUNKS_AUTO
         if auto.any():
             cfg = mact(problem, cfg, auto)
-        return _evaluate(problem, cfg)
+        return _evaluate(problem, cfg, bounds)
 
 
 def mact(problem: Problem, cfg: ConfigBatch, auto: np.ndarray, bins=MOE_CHUNK_BINS) -> ConfigBatch:
@@ -303,12 +319,12 @@ def mact(problem: Problem, cfg: ConfigBatch, auto: np.ndarray, bins=MOE_CHUNK_BI
     return ConfigBatch(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "moe_chunks": column})
 
 
-def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
+def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> Evaluation:
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     d_para, d_grad, d_opt = tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer")
     G = cl.num_gpus
     moe = m.moe is not None
-    lc = shared_layer_costs(problem, cfg)
+    lc = shared_layer_costs(problem, cfg, with_bounds)
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
     net = Network(hw, cl)
     groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
@@ -327,12 +343,14 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
 
     parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload", "overhead")}
     chunk_overhead = hw.efficiency.stage_overhead_us * US  # per chunk, per pass
-    fwd, bwd, wgrad = [], [], []
+    fwd, bwd, wgrad, layer_bounds = [], [], [], []
     for k, rank in enumerate(ranks):
         def both(name):  # summed over the layer kinds the rank holds
             return sum(count * getattr(kind, name) for count, kind in zip(rank.counts, lc.kinds))
 
         layers = np.maximum(rank.layers, 1.0)
+        if with_bounds:
+            layer_bounds.append({"compute": both("bound_compute"), "hbm_bytes": both("bound_hbm_bytes"), "tp": both("bound_tp"), "cp": both("bound_cp"), "ep": both("bound_ep")})
         layer_forward = both("forward")
         compute = both("compute")
         f = layer_forward
@@ -411,6 +429,10 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     update = pick3(slowest, *opt_update)
 
     step = pipe.total + dp_exposed + update
+    bounds = None
+    if with_bounds:
+        ideal = ideal_network(hw, cl)
+        bounds = step_bounds(layer_bounds, params, micro, x, stage_groups(cl.placement, cfg, ideal, experts=moe), ideal, (d_para, d_grad, d_opt), hw.memory_bandwidth_gb_per_s * GB, moe)
     breakdown = {key: zero if all(v is zero for v in parts[key]) else micro * pick3(pipe.bottleneck, *parts[key]) for key in parts}
     breakdown["pp"] = pipe.pp_exposed
     breakdown["bubble"] = pipe.bubble
@@ -425,8 +447,9 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
     host_used = np.maximum(np.maximum(ledgers[0].host, ledgers[1].host), ledgers[2].host)
 
     tokens = tr.global_batch_size * tr.seq_len
-    model_flops = tokens * model_flops_per_token(m, tr.seq_len)
-    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg)
+    convention = mfu_convention(tr.flops_convention)
+    model_flops = tokens * convention_flops_per_token(m, tr.seq_len, convention)
+    hw_flops = model_flops + tokens * recompute_flops_per_token(m, tr.seq_len, cfg, causal=convention == "palm_causal")
     peak_flops = hw.peak(tr.dtypes.compute) * TFLOP
     tflops = model_flops / (step * G) / TFLOP
 
@@ -449,6 +472,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         tokens_per_s_per_gpu=tokens / (step * G),
         tokens_per_s=tokens / step,
         model_flops_per_step=float(model_flops),
+        flops_convention=tr.flops_convention,
         checkpoint_save_s=save_s,
         pp_without_overlap_s=pipe.pp_without_overlap,
         pp_overlap_floor_s=pipe.pp_overlap_floor,
@@ -456,4 +480,5 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         checkpoint_interval=interval,
         e2e_time_s=e2e,
         moe_chunks=cfg.moe_chunks,
+        lower_bounds_s=bounds,
     )

@@ -8,14 +8,35 @@ lookup is not a matmul and is not counted. MoE layers count the router, the top-
 experts and the shared experts a token actually visits.
 
 Hardware FLOPs (HFU) add the forward work that recompute repeats (Korthikanti et al. 2022).
+
+Conventions (seed note 004, "MFU 口径" and "verl 代码路径"): published MFU and TFLOP/s figures
+count different FLOPs, so every figure this project prints names its convention, one of
+FLOPS_CONVENTIONS, and `convention_flops_per_token` is the one place that counts each:
+
+* palm -- PaLM Appendix B: 6N + the attention matmuls over the whole s x s score matrix, N the
+  matmul parameters a token passes through (the ledger above; for MoE the active ones);
+* palm_causal -- the same with the attention over the lower triangle a causal kernel computes
+  (how Meta's Llama 3 TFLOP/s read at 128K);
+* megatron -- Megatron-LM's formula (Narayanan et al. 2021 eq. 3, 72Bslh^2(1 + s/6h + V/12lh)
+  without recompute, generalised to GQA, SwiGLU and MoE in Megatron-LM's
+  num_floating_point_operations): the ledger without the MoE router gate, which Megatron does
+  not count; its HFU (96Bslh^2(...) under full recompute) adds the recompute forward;
+* verl -- verl's estimators (flops_counter.py @fa856c3, qwen2 / qwen3_moe): 6 x N x tokens +
+  6 x sum(seq_i^2) x head_dim x heads x layers, N = attention projections + MLP (MoE: top-k
+  experts and the router, no shared expert) per layer + 2 x vocab x hidden (embedding and head,
+  tied or not); every layer gets the quadratic term (verl has no estimator for linear attention);
+* tgs -- MemFine eq. 10, TGS = gbs x s / (T x N) tokens per GPU per second: no FLOP count of its
+  own, so its FLOP figures are PaLM's and its headline figure is the token rate.
 """
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 
-from costmodel.architecture import DENSE, _kind, active_matmul_params, attention_dims, mlp_params, mtp_kind, window_share
-from costmodel.specs import ModelSpec
+from costmodel.architecture import DENSE, _kind, active_matmul_params, attention_dims, attention_params, mlp_params, mtp_kind, window_share
+from costmodel.specs import FlopsConvention, ModelSpec
 
 
 def attention_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False, attention: str = "full_attention") -> float:
@@ -58,7 +79,7 @@ def model_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> f
     return 3.0 * fwd
 
 
-def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
+def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg, causal: bool = False) -> np.ndarray:
     """Extra forward FLOPs per token repeated in the backward pass (HFU's addition): selective
     recompute re-runs the matmuls of the chosen modules (core_attn: attention; mlp: the dense MLP;
     moe: router, routed and shared experts; shared_experts; mla_up_proj: MLA's up projections;
@@ -72,7 +93,7 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
     def on(name):
         return ((mods & BITS[name]) != 0) * 1.0
 
-    attention = sum(n * attention_flops_per_token(m, seq_len, False, a) for (a, _), n in m.kind_counts().items())
+    attention = sum(n * attention_flops_per_token(m, seq_len, causal, a) for (a, _), n in m.kind_counts().items())
     dense_mlp = m.num_dense_layers * 2.0 * mlp_params(m, m.ffn_hidden_size)
     shared = moe_block = up_proj = 0.0
     if m.moe is not None:
@@ -85,7 +106,7 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
         up_proj = m.num_layers * 2.0 * up
     selective = (on("core_attn") * attention + on("mlp") * dense_mlp + on("moe") * moe_block
                  + (1.0 - on("moe")) * on("shared_experts") * shared + on("mla_up_proj") * up_proj)
-    full = sum(n * layer_forward_flops_per_token(m, seq_len, kind) for kind, n in m.kind_counts().items())
+    full = sum(n * layer_forward_flops_per_token(m, seq_len, kind, causal) for kind, n in m.kind_counts().items())
     stage = np.maximum(np.floor(m.num_layers / np.maximum(cfg.pp * cfg.vp, 1.0)), 1.0)
     covered = np.where(cfg.recompute_method == 1, np.minimum(cfg.recompute_layers, stage) / stage, 1.0)
     return np.select([cfg.recompute == 1, cfg.recompute == 2], [selective, covered * full], 0.0)
@@ -94,3 +115,54 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, cfg) -> np.ndarray:
 def palm_flops_per_token(m: ModelSpec, seq_len: int, num_params: float) -> float:
     """PaLM Appendix B: 6N + 12*L*H*Q*T (N all parameters)."""
     return 6.0 * num_params + 12.0 * m.num_layers * m.num_heads * m.dim_per_head * seq_len
+
+
+#: the FLOP-counting conventions of published MFU and TFLOP/s figures (module docstring)
+FLOPS_CONVENTIONS = get_args(FlopsConvention)
+
+
+def mfu_convention(convention: str) -> str:
+    """The FLOP count behind a convention's MFU: TGS (MemFine eq. 10) counts tokens, not FLOPs,
+    so its MFU and TFLOP/s figures are PaLM's."""
+    return "palm" if convention == "tgs" else convention
+
+
+def router_flops_per_token(m: ModelSpec) -> float:
+    """The MoE router gate's matmul, forward + backward (6 x hidden x experts per MoE layer):
+    counted by PaLM's ledger and verl, not by Megatron-LM's formula."""
+    if m.moe is None:
+        return 0.0
+    moe_layers = sum(n for (_, mlp), n in m.kind_counts().items() if mlp == "moe") + (m.mtp_layers if mtp_kind(m)[1] == "moe" else 0)
+    return 6.0 * m.hidden_size * m.moe.num_experts * moe_layers
+
+
+def verl_flops_per_token(m: ModelSpec, seq_len) -> float:
+    """verl's _estimate_qwen2_flops / _estimate_qwen3_moe_flops (seed note 004, "verl 代码路径"),
+    per token of sequences of `seq_len` tokens (sum(seq_i^2) / sum(seq_i) = seq_len): 6N + 6 x
+    seq_len x head_dim x heads x layers. The projections come from the architecture ledger
+    (attention_params, mlp_params); the router is hidden x experts and the shared experts are
+    left out, as verl does; MTP modules are not counted (verl does not)."""
+    h = m.hidden_size
+    n = 0.0
+    for (attention, mlp), count in m.kind_counts().items():
+        split, replicated = attention_params(m, attention)
+        if mlp == "dense":
+            ffn = mlp_params(m, m.ffn_hidden_size)
+        else:
+            ffn = m.moe.top_k * mlp_params(m, m.moe.expert_ffn_hidden_size) + h * m.moe.num_experts
+        n += count * (split + ffn)  # verl's q, k, v, o projections (no norms)
+    n += 2.0 * m.vocab_size * h
+    return 6.0 * n + 6.0 * np.asarray(seq_len, dtype=float) * m.dim_per_head * m.num_heads * m.num_layers
+
+
+def convention_flops_per_token(m: ModelSpec, seq_len: int, convention: str = "palm") -> float:
+    """Model FLOPs per token (forward + backward) in one of FLOPS_CONVENTIONS: the MFU
+    numerator of that convention divided by the tokens of the step."""
+    if convention not in FLOPS_CONVENTIONS:
+        raise ValueError(f"unknown FLOPs convention {convention!r} (one of {', '.join(FLOPS_CONVENTIONS)})")
+    if convention == "verl":
+        return float(verl_flops_per_token(m, seq_len))
+    flops = model_flops_per_token(m, seq_len, causal=convention == "palm_causal")
+    if convention == "megatron":
+        flops -= router_flops_per_token(m)
+    return flops

@@ -72,6 +72,44 @@ class LayerTime:
         return self.comp_f + self.tp_f + self.cp_f + self.ep_f + self.offload_f
 
 
+@dataclass(frozen=True)
+class Collectives:
+    """The collectives of one layer's forward on one GPU for one micro-batch, each timed on its
+    group before any overlap (layer_time composes them; the lower bounds of costmodel.bounds time
+    the same collectives on ideal links)."""
+
+    tp: list[tuple[np.ndarray, str]]  # (time, the GEMM it pairs with) per TP collective
+    ring: np.ndarray  # CP K/V ring (p2p, a2a+p2p's outer ring) or all-gather, forward
+    cp_a2a: np.ndarray  # Ulysses all-to-all (a2a, a2a+p2p's inner groups), forward
+    ep_a2a: np.ndarray  # one EP dispatch (or combine), all FCDA chunks
+    etp: np.ndarray  # the expert-TP all-gather
+
+    @property
+    def totals(self) -> dict[str, np.ndarray]:
+        """Forward + backward per parallel dimension, as layer_time counts them without overlap:
+        the TP collectives again in the backward, the ring twice (K/V and dK/dV) and the
+        all-to-all once more, dispatch and combine in both passes."""
+        tp = sum((t for t, _ in self.tp), 0.0 * self.ring)
+        return {"tp": 2.0 * tp, "cp": 3.0 * self.ring + 2.0 * self.cp_a2a, "ep": 4.0 * (self.ep_a2a + self.etp)}
+
+
+def collectives(work: LayerWork, model: ModelSpec, cfg: ConfigBatch, place: LayerGroups, net: Network, dispatcher: str = "alltoall") -> Collectives:
+    """Time the layer's TP, CP and EP collectives on their groups (eqs. 2-3), by CP variant."""
+    tp = [(net.all_gather(nbytes, place.tp), gemm) for _, nbytes, gemm in work.tp_bytes]
+    v = cfg.cp_comm
+    ring_bytes = work.cp_bytes * cfg.cp  # all ranks' K/V blocks: the ring's (or all-gather's) volume
+    ring_f = net.all_gather(ring_bytes, place.cp)
+    hier_ring_f = net.all_gather(work.cp_bytes * cfg.cp / np.maximum(cfg.cp_a2a, 1.0), place.cp_outer)
+    a2a_full = net.all_to_all(work.cp_a2a_bytes, place.cp)
+    a2a_inner = net.all_to_all(work.cp_a2a_bytes, place.cp_inner)
+    ring = np.select([v == CP_COMM_CODES["a2a+p2p"], v == CP_COMM_CODES["a2a"]], [hier_ring_f, 0.0 * ring_f], ring_f)
+    a2a = np.select([v == CP_COMM_CODES["a2a+p2p"], v == CP_COMM_CODES["a2a"]], [a2a_inner, a2a_full], 0.0 * ring_f)
+    chunks = work.ep_chunks
+    a2a_ep = chunks * net.all_to_all(work.ep_a2a_bytes / chunks, place.ep, inter_node_share(model, dispatcher, place.ep))
+    etp = net.all_gather(work.etp_bytes, place.etp)
+    return Collectives(tp, ring, a2a, a2a_ep, etp)
+
+
 def overlapped(t_compute, t_comm, split, coef) -> np.ndarray:
     """Exposed communication of eqs. 20-21: min(T_c, T_m)/s_n + max(alpha*T_c, beta*T_m) - T_c."""
     return np.minimum(t_compute, t_comm) / split + np.maximum(coef.alpha * t_compute, coef.beta * t_comm) - t_compute
@@ -140,24 +178,19 @@ def layer_time(
     comp_f = comp_gemm_f + attn_f + mem_total + relaunch
     comp_b = dgrad + wgrad + 2.0 * mem_total + attn_b + 2.0 * relaunch
 
+    c = collectives(work, model, cfg, place, net, dispatcher)
+
     # --- tensor parallelism (eq. 20) -----------------------------------------------------
     tp_on = cfg.tp_overlap == 1
     tp_f = np.zeros_like(comp_f)
-    for _, nbytes, gemm in work.tp_bytes:
-        t_comm = net.all_gather(nbytes, place.tp)
+    for t_comm, gemm in c.tp:
         hidden = overlapped(gemm_f[gemm], t_comm, cfg.tp, eff.tp_overlap)
         tp_f = tp_f + np.where(tp_on, hidden, t_comm)
     tp_b = tp_f  # same collectives, paired with the dgrad GEMMs of the same shapes
 
     # --- context parallelism by variant ---------------------------------------------------
     v = cfg.cp_comm
-    ring_bytes = work.cp_bytes * cfg.cp  # all ranks' K/V blocks: the ring's (or all-gather's) volume
-    ring_f = net.all_gather(ring_bytes, place.cp)
-    hier_ring_f = net.all_gather(work.cp_bytes * cfg.cp / np.maximum(cfg.cp_a2a, 1.0), place.cp_outer)
-    a2a_full = net.all_to_all(work.cp_a2a_bytes, place.cp)
-    a2a_inner = net.all_to_all(work.cp_a2a_bytes, place.cp_inner)
-    ring = np.select([v == CP_COMM_CODES["a2a+p2p"], v == CP_COMM_CODES["a2a"]], [hier_ring_f, 0.0 * ring_f], ring_f)
-    a2a = np.select([v == CP_COMM_CODES["a2a+p2p"], v == CP_COMM_CODES["a2a"]], [a2a_inner, a2a_full], 0.0 * ring_f)
+    ring, a2a = c.ring, c.cp_a2a
     ring_b = 2.0 * ring  # K/V again (ring, or re-gathered) and dK/dV
     overlappable = (cfg.cp_overlap == 1) & (v != CP_COMM_CODES["all_gather"])
     cp_f = a2a + np.where(overlappable, overlapped(attn_f, ring, cfg.cp, eff.cp_overlap), ring)
@@ -165,9 +198,7 @@ def layer_time(
 
     # --- expert parallelism (eq. 22): dispatch + combine, and the expert-TP gather --------
     # (the busiest rank's volume, work.ep_a2a_bytes; FCDA: one all-to-all per chunk)
-    a2a_ep = chunks * net.all_to_all(work.ep_a2a_bytes / chunks, place.ep, inter_node_share(model, dispatcher, place.ep))
-    etp = net.all_gather(work.etp_bytes, place.etp)
-    ep_comm_f = 2.0 * (a2a_ep + etp)
+    ep_comm_f = 2.0 * (c.ep_a2a + c.etp)
     ep_comm_b = ep_comm_f
     both = ep_comm_f + ep_comm_b
     ep_on = (cfg.ep_overlap == 1) & (both > 0)  # dense layers of an MoE model have nothing to hide
@@ -260,6 +291,13 @@ class KindCosts:
     input_bytes: np.ndarray  # the layer input: all a fully recomputed layer keeps (eq. 31)
     params: np.ndarray  # parameters on the GPU
     expert_params: np.ndarray
+    # lower bounds (costmodel.bounds), forward + backward: compute and collectives in seconds
+    # (None when the evaluation does not ask for bounds)
+    bound_compute: np.ndarray | None = None
+    bound_hbm_bytes: np.ndarray | None = None
+    bound_tp: np.ndarray | None = None
+    bound_cp: np.ndarray | None = None
+    bound_ep: np.ndarray | None = None
 
     @property
     def total(self) -> np.ndarray:
@@ -290,14 +328,15 @@ class LayerCosts:
     def take(self, index) -> "LayerCosts":
         def pick(x):
             if isinstance(x, list):
-                return [KindCosts(*(getattr(k, f.name)[index] for f in fields(KindCosts))) for k in x]
+                return [KindCosts(*(None if getattr(k, f.name) is None else getattr(k, f.name)[index] for f in fields(KindCosts))) for k in x]
             return x[index]
 
         return LayerCosts(*(pick(getattr(self, f.name)) for f in fields(LayerCosts)))
 
 
-def kind_costs(work: LayerWork, t: LayerTime, cfg: ConfigBatch) -> KindCosts:
+def kind_costs(work: LayerWork, t: LayerTime, cfg: ConfigBatch, bounds: dict[str, np.ndarray] | None = None) -> KindCosts:
     zero = 0.0 * t.comp_f
+    extra = {} if bounds is None else {f"bound_{k}": v + zero for k, v in bounds.items()}
     return KindCosts(
         compute=t.comp_f + t.comp_b,
         weight_grad=t.weight_grad,
@@ -314,4 +353,5 @@ def kind_costs(work: LayerWork, t: LayerTime, cfg: ConfigBatch) -> KindCosts:
         input_bytes=work.input_bytes + zero,
         params=work.params_local + zero,
         expert_params=work.expert_params_local + zero,
+        **extra,
     )

@@ -455,6 +455,10 @@ class MoERoutingSpec(Spec):
         return tuple(math.inf if x == "worst" else float(x) for x in (self.imbalance_first_layer, self.imbalance_last_layer))
 
 
+#: the FLOP-counting conventions of MFU and TFLOP/s figures (costmodel.flops, seed note 004)
+FlopsConvention = Literal["palm", "palm_causal", "megatron", "verl", "tgs"]
+
+
 class TrainingSpec(Spec):
     global_batch_size: Count = Field(gt=0, description="sequences per step")
     seq_len: Count = Field(gt=0)
@@ -476,6 +480,12 @@ class TrainingSpec(Spec):
         "calibration/kernels/h100-sxm/steps)",
     )
     sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
+    flops_convention: FlopsConvention = Field(
+        default="palm",
+        description="how MFU and TFLOP/s are counted in outputs (costmodel.flops): palm (6N + full attention), palm_causal, "
+        "megatron (Narayanan et al.; HFU adds the recompute forward), verl (6N x tokens + 6 sum(s^2) d a L), "
+        "tgs (MemFine eq. 10 tokens/GPU/s headline; FLOP figures in palm); it changes no prediction",
+    )
     p2p_scatter_gather: bool = Field(
         default=False,
         description="pre-2023 Megatron-LM (--scatter-gather-tensors-in-pipeline, on by default then): without sequence "

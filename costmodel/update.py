@@ -101,6 +101,23 @@ def gather_params(nbytes, expert_nbytes, groups, net, moe: bool):
     return ag
 
 
+def updated_params(dense_params, expert_params, x):
+    """Parameters whose optimizer step this rank runs: its shard under ZeRO-1..3 (eq. 26), all it
+    holds otherwise."""
+    return blend(x.shard_states, dense_params / x.shard + expert_params / x.eshard, dense_params + expert_params)
+
+
+def dp_traffic(dense_params, expert_params, x, groups, net, dtypes, moe: bool):
+    """The step's data-parallel collectives of one rank, timed whole: DDP's gradient all-reduce,
+    or ZeRO's gradient reduce-scatter and parameter all-gather (ZeRO-3 gathers at least once)."""
+    d_para, d_grad, _ = dtypes
+    all_reduce = 2.0 * net.reduce_scatter(d_grad * dense_params, groups.dp)
+    if moe:
+        all_reduce = all_reduce + 2.0 * net.reduce_scatter(d_grad * expert_params, groups.edp)
+    sharded = reduce_scatter_grads(d_grad * dense_params, d_grad * expert_params, x, groups, net, moe) + gather_params(d_para * dense_params, d_para * expert_params, groups, net, moe)
+    return blend(x.shard_states, sharded, all_reduce)
+
+
 def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool) -> OptimizerTime:
     """Step-level DP communication and update of one pipeline rank holding `dense_params` +
     `expert_params`. window_b/window_f: compute that can hide the gradient reduction / parameter
@@ -125,7 +142,7 @@ def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp
     coef = hw.efficiency.dp_overlap
     exposed = exposed_after_overlap(trailing, units, window_b, coef, on) + exposed_after_overlap(leading, units, window_f, coef, on)
 
-    local = blend(sharded, dense_params / x.shard + expert_params / x.eshard, params)
+    local = updated_params(dense_params, expert_params, x)
     gpu_update = comp.memory_time(adam_bytes_per_param(d_para, d_opt) * local, ADAM_KERNELS)
     eff = hw.efficiency.host_link_efficiency
     cpu_update = local / hw.cpu_optimizer_params_per_s + d_grad * local / (hw.d2h_gb_per_s * eff * GB) + d_para * local / (hw.h2d_gb_per_s * eff * GB)

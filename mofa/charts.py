@@ -676,21 +676,23 @@ def build_report(runs: list[Run]) -> tuple[dict[str, str | bytes], dict]:
 
 
 def _markdown(runs: list[Run], sections: list[str], skipped: list[str]) -> str:
-    from mofa.report import table
+    from mofa.report import CONVENTION_NOTES, convention_of, table
 
     lines = ["# MoFa report", "", f"{len(runs)} runs, {len(solved(runs))} with a configuration.", ""]
     rows = []
     for r in runs:
         b = r.best
         if b:
-            rows.append([r.name, config_label(b["config"]), features_label(b["config"]), b["step_time_s"], b["tokens_per_s_per_gpu"], 100 * b["mfu"],
+            rows.append([r.name, config_label(b["config"]), features_label(b["config"]), b["step_time_s"], b["tokens_per_s_per_gpu"], f"{100 * b['mfu']:.1f} ({convention_of(b)})",
                          b["memory_gib"]["peak"], "-" if b.get("ettr") is None else 100 * b["ettr"], r.result.get("status")])
         else:
             status = "failed: " + r.failed["error"] if r.failed else (r.result or {}).get("status", r.marker.get("status"))
             rows.append([r.name, "-", "-", "-", "-", "-", "-", "-", status])
     headers = ["run", "layout", "features", "step s", "tokens/s/GPU", "MFU %", "peak GiB", "ETTR %", "status"]
     text = table(headers, rows, "lll" + "r" * 5 + "l").splitlines()
-    lines += ["```", *text, "```", "", "MFU: model FLOPs (PaLM's convention, full attention matrix) over the dense peak.", ""]
+    used = sorted({convention_of(r.best) for r in runs if r.best})
+    notes = "; ".join(f"{c}: {CONVENTION_NOTES.get(c, c)}" for c in used)
+    lines += ["```", *text, "```", "", f"MFU: model FLOPs over the dense peak, counted in the convention after each figure ({notes}).", ""]
     lines += sections
     if skipped:
         lines += ["## Not drawn", ""] + [f"* {s}" for s in skipped] + [""]

@@ -59,6 +59,35 @@ def duration(seconds: float | None) -> str:
     return f"{seconds:,.1f} s"
 
 
+#: what each FLOPs convention counts, for the footnotes of reports (costmodel.flops has the formulas)
+CONVENTION_NOTES = {
+    "palm": "PaLM Appendix B: 6N per token + attention over the full s x s matrix, no recompute",
+    "palm_causal": "PaLM's count with the causal (lower-triangle) attention work",
+    "megatron": "Megatron-LM's formula (Narayanan et al. 2021; no router gate); HFU adds the recompute forward",
+    "verl": "verl's estimator: 6 x N x tokens + 6 x sum(seq^2) x head_dim x heads x layers (router, top-k experts, no shared expert)",
+    "tgs": "MemFine eq. 10 tokens per GPU per second; FLOP figures in PaLM's count",
+}
+
+
+def convention_of(result: dict) -> str:
+    """The FLOP convention of a result's MFU/HFU/TFLOP/s (results written before conventions
+    existed counted PaLM's)."""
+    return result.get("mfu_convention", "palm")
+
+
+def mfu_label(result: dict) -> str:
+    """'MFU 41.2% (megatron)': an MFU never printed without the convention it counts in."""
+    return f"MFU {100 * result['mfu']:.1f}% ({convention_of(result)})"
+
+
+def bounds_line(bounds: dict, step: float) -> str:
+    """The lower bounds per phase beside the step (costmodel.bounds), each as a share of it."""
+    share = lambda v: f"{v:.3g} s ({100 * v / step:.0f}%)" if step else f"{v:.3g} s"
+    comm = ", ".join(f"{k} {bounds['comm_' + k]:.3g}" for k in ("tp", "cp", "ep", "dp") if bounds.get("comm_" + k))
+    return (f"lower bounds (ideal hardware, busiest rank): compute {share(bounds['compute'])}, memory {share(bounds['memory'])}, "
+            f"communication {share(bounds['comm'])}" + (f" [{comm} s]" if comm else ""))
+
+
 def render_evaluation(problem_name: str, result: dict) -> str:
     c = result["config"]
     out = [f"{problem_name}: {config_label(c)}", f"features: {features_label(c)}", ""]
@@ -69,6 +98,8 @@ def render_evaluation(problem_name: str, result: dict) -> str:
     if "step_time_interval_s" in result:
         lo, hi = result["step_time_interval_s"]
         out.append(f"calibrated interval: {lo:.2f} - {hi:.2f} s")
+    if result.get("lower_bounds_s"):
+        out.append(bounds_line(result["lower_bounds_s"], step))
     out.append("")
     mem = result["memory_gib"]
     mrows = [[k.replace("_", " "), v] for k, v in mem.items() if k != "peak" and v]
@@ -78,11 +109,11 @@ def render_evaluation(problem_name: str, result: dict) -> str:
     capacity = result["memory_capacity_bytes"]
     out.append(f"{fit} in {capacity / 2**30:.2f} GiB ({capacity // 2**20:,} MiB exposed)" + ("" if result["host_fits"] else f"; host memory short ({result['host_memory_gb']:.0f} GB needed)"))
     out.append("")
-    out.append(
-        f"throughput: {result['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * result['mfu']:.1f}%, "
-        f"HFU {100 * result['hfu']:.1f}%, {result['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
-        f"{result['microbatches']:g} micro-batches"
-    )
+    conv = convention_of(result)
+    tgs = f"TGS {result['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU (MemFine eq. 10)"
+    flops = f"{result['tflops_per_gpu']:.1f} TFLOP/s per GPU ({conv}), {mfu_label(result)}, HFU {100 * result['hfu']:.1f}% ({conv})"
+    first, second = (tgs, flops) if result.get("flops_convention") == "tgs" else (flops, tgs)
+    out.append(f"throughput: {first}, {second}, {result['microbatches']:g} micro-batches")
     if result.get("ettr") is not None:
         out.append(
             f"reliability: ETTR {100 * result['ettr']:.2f}% with a checkpoint every {result['checkpoint_interval']} steps "
@@ -107,7 +138,7 @@ def render_solve(problem, out: dict) -> str:
         took = f" (scoring this problem's tables alone took {tables_s:.1f} s)" if tables_s else ""
         lines.append(f"no configuration found before the time limit{took}: allow more time with --time-limit")
         return "\n".join(lines)
-    headers = ["#", "tp", "cp", "pp", "vp", "dp", "ep", "mbs", "schedule", "features", "mem GiB", "TFLOP/s", "T_step", "compute", "TP", "CP", "EP", "FSDP", "PP", "bubble", "DP", "update", "ETTR %", "interval", "E2E days"]
+    headers = ["#", "tp", "cp", "pp", "vp", "dp", "ep", "mbs", "schedule", "features", "mem GiB", f"TFLOP/s ({convention_of(out['top'][0])})", "T_step", "compute", "TP", "CP", "EP", "FSDP", "PP", "bubble", "DP", "update", "ETTR %", "interval", "E2E days"]
     rows = []
     for rank, r in enumerate(out["top"], 1):
         c, b = r["config"], r["breakdown_s"]
@@ -122,6 +153,8 @@ def render_solve(problem, out: dict) -> str:
     if "step_time_interval_s" in best:
         lo, hi = best["step_time_interval_s"]
         lines.append(f"step time {best['step_time_s']:.2f} s (calibrated interval {lo:.2f} - {hi:.2f} s)")
+    if best.get("lower_bounds_s"):
+        lines.append(bounds_line(best["lower_bounds_s"], best["step_time_s"]))
     return "\n".join(lines)
 
 
@@ -164,6 +197,14 @@ def render_calibration(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def mfu_pair(point: dict) -> str:
+    """'40.1/38.7': a validation point's measured and predicted MFU, in the output's convention."""
+    if point.get("measured_mfu") is None:
+        return "-"
+    predicted = point.get("predicted_mfu")
+    return f"{100 * point['measured_mfu']:.1f}/" + ("-" if predicted is None else f"{100 * predicted:.1f}")
+
+
 def render_validation(out: dict) -> str:
     def pct(v):
         return "-" if v is None else f"{v:+.1f}"
@@ -172,9 +213,11 @@ def render_validation(out: dict) -> str:
              "unexplained" if r["unexplained"] else pct(r["error_pct"]),
              "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.1f}",
              "-" if r["predicted_peak_gib"] is None else f"{r['predicted_peak_gib']:.1f}",
-             ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
+             mfu_pair(r), ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
             for r in out["points"]]
-    lines = [table(["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas GiB", "pred GiB", "unknowns resolved"], rows, "lllrrrrrl"), ""]
+    conv = out["points"][0].get("mfu_convention", "palm") if out["points"] else "palm"
+    headers = ["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas GiB", "pred GiB", f"MFU % meas/pred ({conv})", "unknowns resolved"]
+    lines = [table(headers, rows, "lllrrrrrrl"), ""]
 
     def figures(s):
         if not s["n"]:

@@ -16,8 +16,6 @@ import os
 
 from costmodel.configs import features_label
 
-#: MFU's convention, as a column (a CSV carries no comments): the numerator is model FLOPs
-MFU_CONVENTION = "PaLM: model FLOPs (6N per token + full s x s attention, no recompute) / (step time x GPUs x dense peak of the compute dtype)"
 
 #: memory ledger columns (GiB, the worst rank's), from result.json's memory_gib
 MEMORY_COLUMNS = (("params_gib", "params"), ("grads_gib", "grads"), ("optimizer_gib", "optimizer"), ("gathered_params_gib", "gathered_params"),
@@ -32,7 +30,7 @@ COLUMNS = (("run", "model", "hardware", "num_gpus", "supernode_size", "tp", "cp"
             "global_batch_size", "seq_len", "pp_schedule", "features")
            + tuple(c for c, _ in MEMORY_COLUMNS) + ("memory_capacity_gib", "model_flops_per_step")
            + tuple(c for c, _ in TIME_COLUMNS)
-           + ("t_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_convention", "ettr", "checkpoint_interval_steps",
+           + ("t_step_s", "t_bound_compute_s", "t_bound_memory_s", "t_bound_comm_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_convention", "flops_convention", "ettr", "checkpoint_interval_steps",
               "e2e_days", "method", "objective", "status", "gap", "solve_time_s", "sweep", "input", "error"))
 
 GIB = 2**30
@@ -67,8 +65,10 @@ def summary_row(marker: dict, result: dict | None, failed: dict | None) -> dict:
     for column, key in TIME_COLUMNS:
         row[column] = best["breakdown_s"].get(key)
     row.update(t_step_s=best["step_time_s"], tokens_per_s=best.get("tokens_per_s"), tokens_per_s_per_gpu=best["tokens_per_s_per_gpu"],
-               tflops_per_gpu=best["tflops_per_gpu"], mfu=best["mfu"], mfu_convention=MFU_CONVENTION, ettr=best.get("ettr"),
+               tflops_per_gpu=best["tflops_per_gpu"], mfu=best["mfu"], mfu_convention=best.get("mfu_convention", "palm"), flops_convention=best.get("flops_convention", "palm"), ettr=best.get("ettr"),
                checkpoint_interval_steps=best.get("checkpoint_interval"))
+    bounds = best.get("lower_bounds_s") or {}
+    row.update(t_bound_compute_s=bounds.get("compute"), t_bound_memory_s=bounds.get("memory"), t_bound_comm_s=bounds.get("comm"))
     e2e = best.get("e2e_time_s")
     row["e2e_days"] = e2e / SECONDS_PER_DAY if e2e is not None else None
     return row

@@ -147,7 +147,7 @@ class SolveResult:
         cached = self._entries.get(id(problem))
         if cached is not None and cached[0] is problem:
             return cached[1]
-        ev = evaluate(problem, self.top_configs)
+        ev = evaluate(problem, self.top_configs, bounds=True)
         out = []
         for i in range(len(self.top_configs)):
             entry = ev.as_dict(i, self.top_configs)

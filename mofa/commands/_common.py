@@ -56,3 +56,20 @@ def add_set_option(parser, example: str) -> None:
 
 def add_json_option(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text (default: text)")
+
+
+def add_convention_option(parser) -> None:
+    from costmodel.specs import FlopsConvention
+    from typing import get_args
+
+    parser.add_argument("--flops-convention", choices=get_args(FlopsConvention), default=None,
+                        help="count MFU and TFLOP/s as palm, palm_causal, megatron, verl or tgs (costmodel/flops.py; "
+                        "default: the problem's training.flops_convention, itself palm by default)")
+
+
+def convention_sets(args) -> list[str]:
+    """--set overrides with --flops-convention folded in (it is training.flops_convention)."""
+    sets = list(getattr(args, "set", []) or [])
+    if getattr(args, "flops_convention", None):
+        sets.append(f"training.flops_convention={args.flops_convention}")
+    return sets

@@ -18,6 +18,7 @@ EXIT_SOME_FAILED = 1
 
 
 def add_arguments(p) -> None:
+    from mofa.commands._common import add_convention_option
     from mofa.commands.solve import add_distinct_option
 
     p.add_argument("inputs", nargs="+", metavar="PROBLEMS_OR_DIRS", help="problem files (YAML) and folders of them")
@@ -32,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--objective", choices=("step", "e2e"), help="minimise the step time or the end-to-end time (default: each problem's search.objective)")
     p.add_argument("--top", type=int, default=3, metavar="K", help="keep the K best configurations of each run (the report compares them)")
     p.add_argument("--time-limit", type=float, metavar="S", help="stop each run's search after S seconds (default: no limit)")
+    add_convention_option(p)
     add_distinct_option(p)
 
 
@@ -85,6 +87,7 @@ def run(args) -> int:
     import math
 
     from mofa.atomic import write_file_set
+    from mofa.commands._common import convention_sets
     from mofa.batch import SUMMARY, BatchFolderError, SolveOptions, collect_jobs, execute, is_done, prepare_folder, run_folder
     from mofa.summary import SUMMARY_FILES, rows_of, summary_files
 
@@ -101,7 +104,7 @@ def run(args) -> int:
         except ImportError:
             return _fail("--backend ray needs Ray: pip install 'mofa[ray]'")
     options = SolveOptions(args.method, args.objective, args.top, args.time_limit, args.distinct_layouts)
-    jobs = collect_jobs(args.inputs, options)  # ProblemError (exit 2): a missing input, colliding run names
+    jobs = collect_jobs(args.inputs, options, convention_sets(args) or None)  # ProblemError (exit 2): a missing input, colliding run names
     try:
         prepare_folder(args.out, jobs, options, list(args.inputs), args.resume)
     except OSError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from costmodel.loader import ProblemError
-from mofa.commands._common import add_json_option, add_set_option, emit, stamped, with_interval
+from mofa.commands._common import add_convention_option, add_json_option, add_set_option, convention_sets, emit, stamped, with_interval
 
 NAME = "evaluate"
 HELP = "score one configuration of a problem"
@@ -13,6 +13,7 @@ DESCRIPTION = "Score the configuration of a problem file (its config section, ov
 def add_arguments(p) -> None:
     p.add_argument("problem", help="problem file (YAML)")
     add_set_option(p, "tp=8, training.seq_len=4096")
+    add_convention_option(p)
     add_json_option(p)
 
 
@@ -22,11 +23,11 @@ def run(args) -> int:
     from costmodel.loader import load_problem
     from mofa.report import render_evaluation
 
-    problem = load_problem(args.problem, args.set)
+    problem = load_problem(args.problem, convention_sets(args))
     if problem.config is None:
         raise ProblemError(args.problem, "config", "no configuration to evaluate: add a config section or --set tp=... pp=...")
     batch = ConfigBatch.from_specs(problem, [problem.config])
-    result = evaluate(problem, batch).as_dict(0, batch)
+    result = evaluate(problem, batch, bounds=True).as_dict(0, batch)
     result = with_interval(problem, result)
     if args.json:  # the typed launch plan `mofa export` reads
         from mofa.launch.plan import build_plan

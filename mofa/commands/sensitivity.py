@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from mofa.commands._common import add_convention_option, convention_sets
+
 NAME = "sensitivity"
 HELP = "vary one variable at a time around the best configuration: memory headroom, comm share, step time, MFU"
 DESCRIPTION = ("Solve the problem (or take its config section), then move each --vary variable to half and to twice its value, "
@@ -24,6 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--vary", default="ep,tp,pp,cp,seq,gbs,mbs", metavar="LIST",
                    help=f"comma-separated variables ({', '.join(VARIABLES)})")
     p.add_argument("--method", choices=("cpsat", "dfs", "exhaustive"), default="cpsat", help="search method for the base configuration")
+    add_convention_option(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of text (default: text)")
 
 
@@ -32,7 +35,7 @@ def metrics(entry: dict) -> dict:
     step = entry["step_time_s"]
     comm = sum(entry["breakdown_s"][k] for k in COMM_TERMS)
     return {"headroom_gib": (entry["memory_capacity_bytes"] - entry["memory_bytes"]["peak"]) / 2**30, "comm_share": comm / step if step else 0.0,
-            "step_time_s": step, "mfu": entry["mfu"], "fits": entry["fits"] and entry["host_fits"]}
+            "step_time_s": step, "mfu": entry["mfu"], "mfu_convention": entry["mfu_convention"], "fits": entry["fits"] and entry["host_fits"]}
 
 
 def score(problem, spec) -> tuple[dict | None, str | None]:
@@ -83,7 +86,7 @@ def run(args) -> int:
     if unknown or not wanted:
         print(f"mofa sensitivity: --vary: unknown variable {', '.join(unknown) or '(none given)'} (choose from {', '.join(VARIABLES)})", file=sys.stderr)
         return 2
-    problem = load_problem(args.problem)
+    problem = load_problem(args.problem, convention_sets(args))
     spec = problem.config
     if spec is None:
         result = solve(problem, args.method)
@@ -112,7 +115,7 @@ def run(args) -> int:
         print(to_json(out))
         return 0
     print(f"{problem.name}: base {config_label(base_row)}: headroom {base['headroom_gib']:.1f} GiB, comm {100 * base['comm_share']:.1f}% of the step, "
-          f"step {base['step_time_s']:.3f} s, MFU {100 * base['mfu']:.1f}%")
+          f"step {base['step_time_s']:.3f} s, MFU {100 * base['mfu']:.1f}% ({base['mfu_convention']})")
     body = []
     for r in rows:
         if r["rejected"]:
@@ -120,5 +123,5 @@ def run(args) -> int:
         else:
             body.append([r["variant"], f"{r['delta_headroom_gib']:+.1f}", f"{100 * r['delta_comm_share']:+.1f}", f"{r['step_time_ratio']:.3f}x",
                          f"{100 * r['delta_mfu']:+.1f}", "fits" if r["fits"] else "DOES NOT FIT"])
-    print(table(["variant", "headroom GiB", "comm share pp", "step time", "MFU pp", "memory"], body, "lrrrrl"))
+    print(table(["variant", "headroom GiB", "comm share pp", "step time", f"MFU pp ({base['mfu_convention']})", "memory"], body, "lrrrrl"))
     return 0

@@ -9,7 +9,7 @@ import sys
 
 from costmodel.loader import ProblemError
 from mofa.atomic import check_target, write_file_set
-from mofa.commands._common import EXIT_INFEASIBLE, add_json_option, add_set_option, load_for_search, stamped, with_interval
+from mofa.commands._common import EXIT_INFEASIBLE, add_convention_option, add_json_option, add_set_option, convention_sets, load_for_search, stamped, with_interval
 from mofa.report import finite
 
 NAME = "solve"
@@ -27,6 +27,7 @@ def add_arguments(p) -> None:
     add_distinct_option(p)
     p.add_argument("--time-limit", type=float, metavar="S", help="stop the search after S seconds (default: no limit)")
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
+    add_convention_option(p)
     add_json_option(p)
     p.add_argument("--out", metavar="DIR",
                    help="write result.json, best.yaml and the best configuration's launch files (megatron_launch.sh, bridge_overrides.txt, "
@@ -49,7 +50,7 @@ def run(args) -> int:
     if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
         print("mofa solve: --time-limit must be positive", file=sys.stderr)
         return 2
-    problem = load_for_search(args.problem, args.set)
+    problem = load_for_search(args.problem, convention_sets(args))
     if args.out:
         try:
             check_target(args.out, OUTPUT_FILES)  # refuse a folder of other files before searching

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from mofa.commands._common import add_json_option, stamped, to_json
+from mofa.commands._common import add_convention_option, add_json_option, stamped, to_json
 
 NAME = "validate"
 HELP = "compare predictions with measured runs"
@@ -22,6 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cross-validate", choices=["none", "point", "source"], default="none",
                    help="refit each chip's profile without each held-out point or source and predict it (default: none, the shipped profiles)")
     p.add_argument("--knobs", help="knobs refitted under --cross-validate (default: calibrate's per-chip defaults)")
+    add_convention_option(p)
     p.add_argument("--max-mape", type=float, metavar="P", help="exit 1 when the MAPE of the scored points exceeds P percent (default: no threshold)")
     add_json_option(p)
 
@@ -59,7 +60,7 @@ def run(args) -> int:
             hw = with_profile(hw, profiles[hw.name])
         cfg, chosen = resolve(point, hw)
         results.append(point_result(point, hw, cfg, chosen))
-    out = summary(results, profiles, efficiencies)
+    out = summary(results, profiles, efficiencies, data.points, args.flops_convention or "palm")
     out["skipped"] = [{"file": s.path, "row": s.row, "reason": s.reason} for s in data.skipped]
     if args.cross_validate != "none":
         chips: dict[str, list] = {}
@@ -89,7 +90,24 @@ def _errors(rows: list[dict], key: str) -> dict:
     return {"n": len(errors), "mape_pct": sum(errors) / len(errors) if errors else None, "max_abs_error_pct": max(errors, default=None)}
 
 
-def summary(results, profiles: dict, efficiencies: dict) -> dict:
+def mfu_figures(point, result, convention: str) -> dict:
+    """The source's figure as stated (metric, value, its FLOPs convention) and the measured and
+    predicted MFU both counted in `convention`: a figure in the source's convention reaches ours
+    through the step time (seed note 004)."""
+    m = point.measured
+    predicted = result.predicted_step_s
+    return {
+        "measured_metric": m.metric,
+        "measured_value": m.value,
+        "measured_convention": m.flops_convention,
+        "mfu_convention": convention,
+        "measured_mfu": point.mfu_of(result.measured_step_s, convention),
+        "predicted_mfu": point.mfu_of(predicted, convention) if predicted == predicted else None,  # NaN: nothing predicted
+    }
+
+
+def summary(results, profiles: dict, efficiencies: dict, points=None, convention: str = "palm") -> dict:
+    points = points or [None] * len(results)
     rows = [{
         "name": r.name,
         "hardware": r.hardware,
@@ -104,7 +122,8 @@ def summary(results, profiles: dict, efficiencies: dict) -> dict:
         "memory_error_pct": r.memory_error_pct,
         "fits_memory": r.fits,
         "resolved": r.resolved,
-    } for r in results]
+        **(mfu_figures(p, r, convention) if p is not None else {}),
+    } for r, p in zip(results, points)]
     scored = [row for row, r in zip(rows, results) if r.scored]
     per_hardware = {}
     for name in sorted({r["hardware"] for r in rows}):

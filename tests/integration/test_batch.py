@@ -70,6 +70,10 @@ def test_batch_writes_runs_failures_and_summary(tmp_path):
         assert row["t_comm_dp_s"] == best["breakdown_s"]["dp"] and row["t_bubble_s"] == best["breakdown_s"]["bubble"]
         assert row["peak_gib"] == best["memory_gib"]["peak"] and row["activations_gib"] == best["memory_gib"]["activations"]
         assert row["model_flops_per_step"] == best["model_flops_per_step"] and row["ettr"] == best["ettr"]
+        # the convention the MFU counts in, and the lower bounds beside the step (costmodel.bounds)
+        assert row["mfu_convention"] == best["mfu_convention"] == "palm" and row["flops_convention"] == "palm"
+        assert (row["t_bound_compute_s"], row["t_bound_memory_s"], row["t_bound_comm_s"]) == tuple(best["lower_bounds_s"][k] for k in ("compute", "memory", "comm"))
+        assert 0 < max(row["t_bound_compute_s"], row["t_bound_memory_s"], row["t_bound_comm_s"]) <= row["t_step_s"]
         assert row["checkpoint_interval_steps"] == best["checkpoint_interval"] and row["e2e_days"] == pytest.approx(best["e2e_time_s"] / 86400, rel=1e-12)
         assert (row["tp"], row["pp"], row["mbs"], row["dp"]) == (best["config"]["tp"], best["config"]["pp"], best["config"]["mbs"], best["config"]["dp"])
         assert row["seq_len"] == json.loads(row["sweep"])["seq_len"] and row["status"] == res["status"] == "optimal"
