@@ -29,6 +29,8 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
+from costmodel.schedule_sim import simulate
+
 from costmodel.stage_layout import (
     LayoutContext,
     LayoutError,
@@ -46,19 +48,54 @@ BYTE_SCALE = 1024.0  # integer KiB
 @dataclasses.dataclass(frozen=True)
 class LayoutSolution:
     layout: StageLayout
-    step_time_s: float  # the exact model's (simulated schedule)
+    step_time_s: float  # the exact model's (schedule simulated op by op)
     makespan_s: float  # the simulated pipeline makespan of the layout
-    bound_s: float  # the layout's critical-path bound (CP-SAT's objective, exact arithmetic)
-    lower_bound_s: float  # proven: no layout's makespan is below this (CP-SAT's bound on the objective)
-    optimal: bool  # CP-SAT proved its objective optimal
+    bound_s: float  # the layout's critical-path bound (costmodel.stage_layout), for comparison
+    lower_bound_s: float  # proven: no layout that fits has a makespan below this
+    optimal: bool  # the makespan meets the lower bound (within the integer rounding)
     solve_s: float
     fits: bool
+    rounds: int  # CP-SAT solves (one per critical path added)
 
     @property
     def gap(self) -> float:
-        """Proven optimality gap of the layout's simulated makespan: every layout's makespan is
-        at least its critical-path bound, which is at least lower_bound_s."""
+        """Proven optimality gap of the layout's simulated makespan."""
         return max(0.0, self.makespan_s - self.lower_bound_s) / self.makespan_s
+
+
+def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(forward ops, backward ops) per stage on a longest path of the simulated schedule's
+    dependency graph (each op waits for the rank's previous op and its inputs: F(s-1), and for
+    a backward F(s) and B(s+1)). The graph is the same for every layout of the skeleton, so the
+    path's length, sum over stages of nF*F_s + nB*B_s, bounds every layout's makespan from
+    below: a cut for the layout search. Backtracks from the op that ends last through whichever
+    predecessor its start equals (the rank's previous op first with prefer_rank, else an input:
+    two of the tied paths of a balanced schedule)."""
+    stages = forward_s.shape[0] * forward_s.shape[1]
+    where = {(op.kind, op.stage, op.microbatch): (r, i) for r, rank_ops in enumerate(ops) for i, op in enumerate(rank_ops)}
+    r, i = max(((r, len(e) - 1) for r, e in enumerate(result.end_s) if len(e)), key=lambda x: result.end_s[x[0]][x[1]])
+    tol = 1e-9 * max(result.makespan_s, 1e-30)
+    n_f, n_b = np.zeros(stages), np.zeros(stages)
+    while True:
+        op = ops[r][i]
+        (n_f if op.kind == "F" else n_b)[op.stage] += 1
+        start = result.start_s[r][i]
+        if start <= tol:
+            break
+        preds = []
+        if op.kind == "F" and op.stage > 0:
+            preds.append(("F", op.stage - 1, op.microbatch))
+        if op.kind == "B":
+            preds.append(("F", op.stage, op.microbatch))
+            if op.stage < stages - 1:
+                preds.append(("B", op.stage + 1, op.microbatch))
+        step = [where[k] for k in preds if abs(result.end_s[where[k][0]][where[k][1]] - start) <= tol]
+        if i > 0 and abs(result.end_s[r][i - 1] - start) <= tol:
+            step.insert(len(step) * (not prefer_rank), (r, i - 1))
+        if not step:
+            raise RuntimeError("critical path lost: an op starts when no predecessor ends")
+        r, i = step[0]
+    return n_f, n_b
 
 
 def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
@@ -97,9 +134,18 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
     return base0, base, trans0, trans, head
 
 
-def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0) -> LayoutSolution:
-    """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory;
-    MTP modules on the last stage. `min_layers`: the least decoder layers per stage."""
+def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
+                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0) -> LayoutSolution:
+    """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
+    (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
+
+    The objective is the simulated makespan, a max over the schedule graph's paths of linear
+    forms in the layer counts. CP-SAT starts from the critical-path bound's paths (one per rank)
+    and those of the `seeds`' simulations; each round it solves, the exact model simulates the
+    answer, and the answer's critical path is added as a cut, until the best simulated layout
+    meets CP-SAT's bound (certified optimal) or time runs out (its gap is reported).
+    refine=False stops after the first round: the critical-path bound's optimum (the DP oracle's
+    objective). round_limit_s caps one CP-SAT solve (its bound is proven either way)."""
     start = time.perf_counter()
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
@@ -130,25 +176,50 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         run_counts = [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)]
     kind_of_run = [kind for kind, _, _ in runs]
 
-    # stage work (ns) and memory pieces
-    def stage_const(s):
-        c = 2.0 * u["overhead"]
-        if s == 0:
-            c += u["embedding_total"]
-        if s == stages - 1:
-            c += u["head_total"] + mtp_layers * (u["mtp_extra"] + (u["kind_total"][ctx.mtp_kind] if ctx.mtp_kind is not None else 0.0))
-        return c
+    # forward and backward ns of each stage (chunk_times' composition, integer coefficients)
+    mtp = np.zeros(stages)
+    mtp[-1] = mtp_layers
+    first = np.arange(stages) == 0
+    last = np.arange(stages) == stages - 1
+    edge_counts = np.zeros((stages, len(ctx.kinds)))
+    if ctx.mtp_kind is not None:
+        edge_counts[-1, ctx.mtp_kind] = mtp_layers
+    const_f, const_b = chunk_times(u, edge_counts, mtp, first, last)  # what a stage holds besides its decoder layers
+    fwd = [int(round(u["kind_forward"][k] * TIME_SCALE)) for k in kind_of_run]
+    bwd = [int(round((u["kind_total"][k] - u["kind_forward"][k]) * TIME_SCALE)) for k in kind_of_run]
+    f_expr = [sum(fwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_f[s] * TIME_SCALE)) for s in range(stages)]
+    b_expr = [sum(bwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE)) for s in range(stages)]
+    per_op = (max(u["kind_total"].max(), 0.0) * n_layers + float(const_f.max() + const_b.max())) * TIME_SCALE
+    horizon = int(2 * ctx.microbatches * stages * per_op) + 1
+    z = model.NewIntVar(0, horizon, "makespan")
+    cuts = set()
 
-    tot = [int(round(u["kind_total"][k] * TIME_SCALE)) for k in kind_of_run]
-    work = [sum(tot[j] * run_counts[s][j] for j in range(len(runs))) + int(round(stage_const(s) * TIME_SCALE)) for s in range(stages)]
-    horizon = (ctx.microbatches + 1) * (int(sum(u["kind_total"].max() for _ in range(n_layers)) * TIME_SCALE + sum(stage_const(s) for s in range(stages)) * TIME_SCALE) + 1)
-    z = model.NewIntVar(0, horizon, "bottleneck")
+    def cut(n_f, n_b):
+        key = (tuple(n_f.astype(int)), tuple(n_b.astype(int)))
+        if key in cuts:
+            return False
+        cuts.add(key)
+        model.Add(z >= sum(int(n_f[s]) * f_expr[s] + int(n_b[s]) * b_expr[s] for s in range(stages) if n_f[s] or n_b[s]))
+        return True
+
+    for r in range(pp):  # critical_path_bound_s: chunk 0 of the ranks before r, then m times rank r's work
+        n_f = np.zeros(stages)
+        n_f[:r] = 1
+        n_f[r::pp] += ctx.microbatches
+        n_b = n_f.copy()
+        cut(n_f, n_b)
+    best, best_score = None, None
+    for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
+        score = score_layout(ctx, layout)
+        for prefer_rank in (False, True):
+            cut(*_path_of(ctx, score, prefer_rank))
+        if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
+            best, best_score = layout, score
+
     frag = ctx.mc.fragmentation
     cap = ctx.problem.hardware.memory_bytes
     act = u["kind_activation"]
     for r in range(pp):
-        # critical_path_bound_s: chunk 0 of the ranks before r, then m times rank r's work
-        model.Add(z >= sum(work[q] for q in range(r)) + ctx.microbatches * sum(work[s] for s in range(r, stages, pp)))
         base0, base, trans0, trans, head = rank_memory_model(ctx, r)
         mine = list(range(r, stages, pp))
         kind_count = {k: [] for k in range(len(ctx.kinds))}
@@ -170,24 +241,56 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
             model.Add(base_expr * 1000 + int(round((1 + frag) * 1000)) * (act_expr + const) <= budget * 1000)
     model.Minimize(z)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = int(workers)
-    solver.parameters.random_seed = 0
-    status = solver.Solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
-    decoders = tuple(int(solver.Value(v)) for v in t)
-    mtp = [0] * stages
-    mtp[-1] = mtp_layers
-    layout = StageLayout(pp=pp, vp=vp, decoders=decoders, mtp=tuple(mtp))
-    score = score_layout(ctx, layout)
-    # integer nanoseconds: each of the <= (m+1)*layers rounded terms is off by at most 0.5 ns
-    slack = 0.5 * (ctx.microbatches + 1) * (n_layers + stages) / TIME_SCALE
-    bound = solver.BestObjectiveBound() / TIME_SCALE - slack
-    makespan = score.pipeline_s - score.pp_exposed_s
-    return LayoutSolution(layout, score.step_time_s, makespan, score.bound_s, float(bound), status == cp_model.OPTIMAL,
-                          time.perf_counter() - start, score.fits)
+
+    # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
+    slack = 0.5 * 2 * ctx.microbatches * stages * (len(runs) + 1) / TIME_SCALE
+    bound, rounds, proven = 0.0, 0, False
+    while True:
+        remaining = time_limit_s - (time.perf_counter() - start)
+        if remaining <= 0 and best is not None:
+            break
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s), 0.05)
+        solver.parameters.num_workers = int(workers)
+        solver.parameters.random_seed = 0
+        model.ClearHints()
+        if best is not None:
+            for var, value in zip(t, best.decoders):
+                model.AddHint(var, value)
+        status = solver.Solve(model)
+        rounds += 1
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if best is not None:
+                break
+            raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
+        bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
+        layout = StageLayout(pp=pp, vp=vp, decoders=tuple(int(solver.Value(v)) for v in t), mtp=tuple(int(x) for x in mtp))
+        score = score_layout(ctx, layout)
+        makespan = score.pipeline_s - score.pp_exposed_s
+        if score.fits and (best_score is None or makespan < best_score.pipeline_s - best_score.pp_exposed_s):
+            best, best_score = layout, score
+        if not score.fits:  # rounding put it over the capacity: exclude this layout
+            model.AddForbiddenAssignments(t, [layout.decoders])
+            continue
+        if not refine:
+            proven = status == cp_model.OPTIMAL
+            break
+        best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+        if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
+            proven = True
+            break
+        added = [cut(*_path_of(ctx, score, prefer_rank)) for prefer_rank in (False, True)]
+        if not any(added) and status == cp_model.OPTIMAL:
+            proven = True  # its own path was already a cut: CP-SAT's value is its makespan
+            break
+    makespan = best_score.pipeline_s - best_score.pp_exposed_s
+    return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
+                          proven, time.perf_counter() - start, best_score.fits, rounds)
+
+
+def _path_of(ctx: LayoutContext, score, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    f, b = score.chunk_seconds(ctx.pp, ctx.vp)
+    return critical_path(ctx.ops, simulate(ctx.ops, f, b, 0.0), f, b, prefer_rank)
 
 
 def dp_layout(ctx: LayoutContext) -> tuple[StageLayout | None, float]:
