@@ -36,6 +36,7 @@ from costmodel.stage_layout import (
     LayoutError,
     StageLayout,
     chunk_times,
+    layout_context,
     rank_ledger,
     score_layout,
     unit_costs,
@@ -365,3 +366,35 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
             continue
         layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(sizes), mtp=tuple(mtp))
         yield layout, score_layout(ctx, layout)
+
+
+def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) -> tuple[dict, StageLayout | None]:
+    """The layout search on one solved configuration (`mofa solve --pipeline-layouts`): a JSON
+    report and the layout to launch (None where the search is refused or finds nothing better
+    than the configuration's own Megatron split). Step times here are the simulated
+    schedule's (costmodel.stage_layout), the split's and the layout's alike."""
+    from costmodel.stage_layout import megatron_layout, space_size
+
+    try:
+        ctx = layout_context(problem, cfg)
+        own = megatron_layout(problem.model.num_layers, problem.model.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
+        own_score = score_layout(ctx, own)
+        solution = solve_layout(ctx, time_limit_s, workers, seeds=(own,))
+    except LayoutError as exc:
+        return {"refused": str(exc)}, None
+    better = solution.step_time_s < own_score.step_time_s * (1 - 1e-9) or (solution.fits and not own_score.fits)
+    report = {
+        "layout": solution.layout.to_megatron(),
+        "applied": bool(better),
+        "step_time_s": solution.step_time_s,
+        "megatron_split_step_time_s": own_score.step_time_s,
+        "megatron_split_fits": own_score.fits,
+        "gain": own_score.step_time_s / solution.step_time_s - 1.0,
+        "makespan_lower_bound_s": solution.lower_bound_s,
+        "gap": solution.gap,
+        "optimal": solution.optimal,
+        "rounds": solution.rounds,
+        "search_time_s": solution.solve_s,
+        "space_size": float(space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp)),
+    }
+    return report, solution.layout if better else None
