@@ -136,7 +136,8 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
-                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0) -> LayoutSolution:
+                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0, graph: bool = False,
+                 max_layers: int | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -146,7 +147,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     answer, and the answer's critical path is added as a cut, until the best simulated layout
     meets CP-SAT's bound (certified optimal) or time runs out (its gap is reported).
     refine=False stops after the first round: the critical-path bound's optimum (the DP oracle's
-    objective). round_limit_s caps one CP-SAT solve (its bound is proven either way)."""
+    objective). round_limit_s caps each CP-SAT solve after the first (its bound is proven
+    either way). graph=True replaces the cuts by the whole event graph of the schedule (an
+    end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
+    instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s)."""
     start = time.perf_counter()
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
@@ -155,7 +159,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     u = unit_costs(ctx)
     runs = kind_runs(ctx.kind_of_layer)
     model = cp_model.CpModel()
-    t = [model.NewIntVar(min_layers, n_layers, f"t{s}") for s in range(stages)]
+    t = [model.NewIntVar(min_layers, n_layers if max_layers is None else max_layers, f"t{s}") for s in range(stages)]
     prefix = [model.NewIntVar(0, n_layers, f"P{s}") for s in range(stages)]
     for s in range(stages):
         model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
@@ -203,11 +207,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         model.Add(z >= sum(int(n_f[s]) * f_expr[s] + int(n_b[s]) * b_expr[s] for s in range(stages) if n_f[s] or n_b[s]))
         return True
 
-    for r in range(pp):  # critical_path_bound_s: chunk 0 of the ranks before r, then m times rank r's work
-        n_f = np.zeros(stages)
-        n_f[:r] = 1
-        n_f[r::pp] += ctx.microbatches
-        n_b = n_f.copy()
+    for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
         cut(n_f, n_b)
     best, best_score = None, None
     for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
@@ -241,6 +241,27 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                            for c, s in enumerate(mine) if h[c])
             const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
             model.Add(base_expr * 1000 + int(round((1 + frag) * 1000)) * (act_expr + const) <= budget * 1000)
+    if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
+        ends = {}
+        for rank_ops in ctx.ops:
+            for op in rank_ops:
+                ends[op.kind, op.stage, op.microbatch] = model.NewIntVar(0, horizon, "")
+        for rank_ops in ctx.ops:
+            previous = None
+            for op in rank_ops:
+                duration = f_expr[op.stage] if op.kind == "F" else b_expr[op.stage]
+                end = ends[op.kind, op.stage, op.microbatch]
+                preds = [previous] if previous is not None else []
+                if op.kind == "F" and op.stage > 0:
+                    preds.append(ends["F", op.stage - 1, op.microbatch])
+                if op.kind == "B":
+                    preds.append(ends["F", op.stage, op.microbatch])
+                    if op.stage < stages - 1:
+                        preds.append(ends["B", op.stage + 1, op.microbatch])
+                for pred in preds or [0]:
+                    model.Add(end >= pred + duration)
+                previous = end
+            model.Add(z >= previous)
     model.Minimize(z)
 
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
@@ -251,7 +272,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if remaining <= 0 and best is not None:
             break
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s), 0.05)
+        # the first round may take all the time (the incumbent is only a seed); later rounds are capped
+        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if rounds else remaining, 0.05)
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = 0
         model.ClearHints()
@@ -287,6 +309,33 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
                           proven, time.perf_counter() - start, best_score.fits, rounds)
+
+
+def segment_paths(ops, stages: int, microbatches: int):
+    """Paths of the schedule graph through one rank's op list: micro-batch 0's forward through
+    stages 0..s-1, rank r's ops from F(s, 0) to B(s', m-1) (s, s' stages of rank r, in its
+    order), then the last micro-batch's backward through stages s'-1..0. Each is a lower bound
+    for every layout; with s, s' rank r's first and last op it is critical_path_bound_s's term
+    for rank r. They tie a stage's forward to every stage before it, which the rank terms alone
+    do not (a layout that empties the early stages still waits for the chain)."""
+    last = microbatches - 1
+    for rank_ops in ops:
+        kinds = np.array([op.kind == "F" for op in rank_ops])
+        stage_of = np.array([op.stage for op in rank_ops])
+        first_f = {op.stage: i for i, op in enumerate(rank_ops) if op.kind == "F" and op.microbatch == 0}
+        last_b = {op.stage: i for i, op in enumerate(rank_ops) if op.kind == "B" and op.microbatch == last}
+        for s, i in first_f.items():
+            for s2, j in last_b.items():
+                if j < i:
+                    continue
+                n_f = np.zeros(stages)
+                n_b = np.zeros(stages)
+                n_f[:s] += 1
+                n_b[:s2] += 1
+                seg = slice(i, j + 1)
+                np.add.at(n_f, stage_of[seg][kinds[seg]], 1)
+                np.add.at(n_b, stage_of[seg][~kinds[seg]], 1)
+                yield n_f, n_b
 
 
 def _path_of(ctx: LayoutContext, score, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
