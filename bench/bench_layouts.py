@@ -2,8 +2,9 @@
 
     python bench/bench_layouts.py [--time-limit 10] [--workers 2]
 
-For each case (a skeleton configuration: degrees, micro-batch, features fixed) it prints the
-size of the layout space (decoder layers over pp*vp stages, any stage possibly empty), the
+For each case (a skeleton configuration: degrees, micro-batch, features fixed) and each search
+(regular layouts, free layouts, regular then free as `mofa solve --pipeline-layouts` runs it;
+each with the full time limit) it prints the size of the layout space (decoder layers over pp*vp stages, any stage possibly empty), the
 time CP-SAT takes to certify its optimum (the critical-path lower bound of
 costmodel.stage_layout), the exact model's step time of the layout it returns (schedule
 simulated op by op) with the proven gap, and the same for Megatron's layouts: the even split by
@@ -35,7 +36,7 @@ from costmodel.stage_layout import (  # noqa: E402
     space_size,
 )
 from costmodel.units import GIB  # noqa: E402
-from optimizer.layout_search import solve_layout  # noqa: E402
+from optimizer.layout_search import regular, solve_layout, two_phase  # noqa: E402
 
 
 def cases():
@@ -74,22 +75,28 @@ def main() -> None:
         for label, layout in baselines.items():
             scores[label] = score_layout(ctx, layout)
             print(f"  {label:42s} {describe(scores[label])}")
-        try:
-            sol = solve_layout(ctx, args.time_limit, args.workers, seeds=tuple(baselines.values()))
-        except LayoutError as exc:
-            print(f"  layout search: {exc}")
-            continue
-        best = score_layout(ctx, sol.layout)
-        print(f"  {'optimal layout (CP-SAT)':42s} {describe(best)}")
-        status = "optimal" if sol.optimal else "not proven"
-        print(f"  certified in {sol.solve_s:.2f} s (+{setup:.2f} s shared costs, schedule op lists) [{status}, {sol.rounds} CP-SAT rounds]; "
-              f"proven makespan lower bound {sol.lower_bound_s:.4f} s, gap of the returned layout {100 * sol.gap:.2f}%")
-        for label, score in scores.items():
-            if score.fits:
-                print(f"  gain over {label}: {100 * (score.step_time_s / best.step_time_s - 1):+.2f}% step time")
-            else:
-                print(f"  {label}: does not fit; the search's layout does" if best.fits else f"  {label}: does not fit")
-        print(f"  --pipeline-model-parallel-layout {sol.layout.to_megatron()}")
+        seeds = tuple(baselines.values())
+        searches = [("regular layouts (chunks of a rank within 1 layer)",
+                     lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=tuple(b for b in seeds if regular(b, 1)), chunk_spread=1)),
+                    ("free layouts", lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=seeds)),
+                    ("regular then free, half the time each (mofa solve --pipeline-layouts)", lambda: two_phase(ctx, args.time_limit, args.workers, seeds)[1])]
+        for label, search in searches:
+            try:
+                sol = search()
+            except LayoutError as exc:
+                print(f"  {label}: {exc}")
+                continue
+            best = score_layout(ctx, sol.layout)
+            status = "certified optimal" if sol.optimal else "not proven"
+            print(f"  {label}: {describe(best)}")
+            print(f"    {sol.solve_s:.2f} s (+{setup:.2f} s shared costs, schedule op lists) [{status}, {sol.rounds} CP-SAT rounds]; "
+                  f"proven makespan lower bound {sol.lower_bound_s:.4f} s, gap {100 * sol.gap:.2f}%")
+            for base, score in scores.items():
+                if score.fits:
+                    print(f"    gain over {base}: {100 * (score.step_time_s / best.step_time_s - 1):+.2f}% step time")
+                else:
+                    print(f"    {base}: does not fit" + ("; this layout does" if best.fits else ""))
+            print(f"    --pipeline-model-parallel-layout {sol.layout.to_megatron()}")
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0, graph: bool = False,
-                 max_layers: int | None = None) -> LayoutSolution:
+                 max_layers: int | None = None, chunk_spread: int | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -147,7 +147,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     answer, and the answer's critical path is added as a cut, until the best simulated layout
     meets CP-SAT's bound (certified optimal) or time runs out (its gap is reported).
     refine=False stops after the first round: the critical-path bound's optimum (the DP oracle's
-    objective). round_limit_s caps each CP-SAT solve after the first (its bound is proven
+    objective). chunk_spread: search only regular layouts, whose chunks on one rank differ by at
+    most this many layers (the answer and its bound then hold among those; the cuts start from
+    the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve after the first (its bound is proven
     either way). graph=True replaces the cuts by the whole event graph of the schedule (an
     end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
     instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s)."""
@@ -161,6 +163,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     model = cp_model.CpModel()
     t = [model.NewIntVar(min_layers, n_layers if max_layers is None else max_layers, f"t{s}") for s in range(stages)]
     prefix = [model.NewIntVar(0, n_layers, f"P{s}") for s in range(stages)]
+    if chunk_spread is not None:  # regular layouts: the chunks of a rank differ by at most this many layers
+        for r in range(pp):
+            low = model.NewIntVar(0, n_layers, "")
+            model.AddMinEquality(low, t[r::pp])
+            for v in t[r::pp]:
+                model.Add(v <= low + chunk_spread)
     for s in range(stages):
         model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
     model.Add(prefix[-1] == n_layers)
@@ -208,7 +216,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         return True
 
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
-        cut(n_f, n_b)
+        if chunk_spread is None or (n_f == n_b).all():
+            cut(n_f, n_b)
     best, best_score = None, None
     for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
         score = score_layout(ctx, layout)
@@ -400,6 +409,11 @@ def _stage_cost(ctx: LayoutContext, s: int, a: int, b: int, cap: float) -> float
     return float(forward[0] + backward[0]) if float(ledger.peak[0]) <= cap else float("inf")
 
 
+def regular(layout: StageLayout, spread: int) -> bool:
+    """The chunks of every rank differ by at most `spread` layers."""
+    return all(max(layout.decoders[r::layout.pp]) - min(layout.decoders[r::layout.pp]) <= spread for r in range(layout.pp))
+
+
 def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
     """Every layout (MTP on the last stage) with its exact score: the brute-force oracle for
     tiny instances."""
@@ -417,6 +431,22 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
         yield layout, score_layout(ctx, layout)
 
 
+def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...]) -> tuple[LayoutSolution | None, LayoutSolution]:
+    """Regular layouts first (chunks of a rank within one layer: a small model that CP-SAT
+    certifies or nearly so), then free layouts seeded with that answer, half the time each.
+    Returns (the regular search's answer, None where no regular layout fits; the free
+    search's), the free one never worse; its bound is the one that holds for every layout."""
+    regular_seeds = tuple(s for s in seeds if regular(s, 1))
+    first = None
+    try:
+        first = solve_layout(ctx, time_limit_s / 2, workers, seeds=regular_seeds, chunk_spread=1)
+    except LayoutError:
+        pass  # no regular layout fits: the free search alone
+    more = (first.layout,) if first is not None else ()
+    second = solve_layout(ctx, time_limit_s / 2 if first is not None else time_limit_s, workers, seeds=seeds + more)
+    return first, second
+
+
 def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) -> tuple[dict, StageLayout | None]:
     """The layout search on one solved configuration (`mofa solve --pipeline-layouts`): a JSON
     report and the layout to launch (None where the search is refused or finds nothing better
@@ -428,7 +458,7 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         ctx = layout_context(problem, cfg)
         own = megatron_layout(problem.model.num_layers, problem.model.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
         own_score = score_layout(ctx, own)
-        solution = solve_layout(ctx, time_limit_s, workers, seeds=(own,))
+        regular_solution, solution = two_phase(ctx, time_limit_s, workers, (own,))
     except LayoutError as exc:
         return {"refused": str(exc)}, None
     better = solution.step_time_s < own_score.step_time_s * (1 - 1e-9) or (solution.fits and not own_score.fits)
@@ -443,7 +473,10 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         "gap": solution.gap,
         "optimal": solution.optimal,
         "rounds": solution.rounds,
-        "search_time_s": solution.solve_s,
+        "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0),
+        "regular": None if regular_solution is None else {
+            "note": "among layouts whose chunks on one rank differ by at most one layer",
+            "step_time_s": regular_solution.step_time_s, "optimal": regular_solution.optimal, "gap": regular_solution.gap},
         "space_size": float(space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp)),
     }
     return report, solution.layout if better else None

@@ -8,7 +8,7 @@ import pytest
 from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
 from costmodel.stage_layout import LayoutError, layout_context
-from optimizer.layout_search import dp_layout, enumerate_layouts, kind_runs, solve_layout
+from optimizer.layout_search import dp_layout, enumerate_layouts, kind_runs, regular, solve_layout, two_phase
 
 TINY = """name: tiny-moe
 model: {preset: deepseek-v3, num_layers: 7}
@@ -117,3 +117,17 @@ def test_segment_paths_bound_every_layout():
     ones = np.ones((4, 2))
     best = max(n_f @ flat(ones) + n_b @ flat(2 * ones) for n_f, n_b in paths)
     assert best == pytest.approx(simulate(ops, ones, 2 * ones, 0.0).makespan_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 39000])
+def test_regular_layouts(tmp_path, memory_mib):
+    """chunk_spread=1 finds the best layout among those whose chunks on one rank differ by at
+    most one layer (enumeration restricted the same way); two_phase is never worse than it."""
+    ctx = context(tmp_path, 2, 2, memory_mib)
+    scored = [(s.pipeline_s - s.pp_exposed_s, lay) for lay, s in enumerate_layouts(ctx) if s.fits and regular(lay, 1)]
+    best = min(v for v, _ in scored)
+    solution = solve_layout(ctx, time_limit_s=20, chunk_spread=1)
+    assert solution.optimal and regular(solution.layout, 1)
+    assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+    first, second = two_phase(ctx, 20, 2, ())
+    assert second.makespan_s <= first.makespan_s * (1 + 1e-12)
