@@ -15,13 +15,19 @@ layer kinds (dense, MoE, ...) of a stage follow from the model's layer order
 
 Scoring (`score_layout`) reuses the per-kind layer costs the exact model computes once per
 configuration (MPE's reuse, seed 002): a chunk's forward and backward time is the sum of its
-layers' kind costs plus its edge modules, a rank's work R_r the sum of its chunks, and the
-pipeline time the same schedule model as costmodel.pipeline (`pipeline_compute_s`): the slowest
-rank paces the steady state (m * max_r R_r) and the warm-up and cool-down add the rest of the
-pipe once ((sum_r R_r - max_r R_r) / vp). Memory per rank is costmodel.memory's ledger with the
-activations the rank really holds at its peak: the schedule's op list (costmodel.schedule_sim)
-says, at every forward, how many micro-batches of each local chunk are in flight
-(`held_chunks`), and the peak is the largest sum of those chunks' activation bytes.
+layers' kind costs plus its edge modules (`chunk_times`, composed as costmodel.evaluate composes
+a rank), and the pipeline time is the event-driven simulation of the schedule with those chunk
+times (costmodel.schedule_sim, MoFa's digital twin): with heterogeneous chunks the rank-level
+closed form (costmodel.pipeline: m * max_r R_r + (sum_r R_r - max_r R_r) / vp) misses ranks
+waiting on each other by up to 38%, so it is reported (`closed_form_s`) but not used. The
+layout search's objective starts from `critical_path_bound_s`, a lower bound on the simulated
+makespan: the slowest rank's m micro-batches plus the chain of stages before it. Memory per
+rank is costmodel.memory's ledger with the activations the rank really holds at its peak: the
+schedule's op list says, at every forward, how many micro-batches of each local chunk are in
+flight (`held_chunks`), and the peak is the largest sum of those chunks' activation bytes.
+Exposed P2P and the step-level DP and optimizer terms are the skeleton's (layout-independent
+here: the P2P hops hide behind the mean chunk; DP and the update are taken from the
+configuration's own split, an approximation where a layout moves parameters between ranks).
 
 Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no full recompute, no
 activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
@@ -47,7 +53,7 @@ from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, st
 from costmodel.placement import stage_groups
 from costmodel.schedule_sim import schedule_ops, simulate
 from costmodel.specs import Problem
-from costmodel.units import DTYPE_BYTES, US
+from costmodel.units import GB, US
 
 SYMBOLS = "EtmL"
 
@@ -271,7 +277,7 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
     context_bytes, nccl_bytes = nccl_and_context(hw)
     mc = MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
-                       hw.host_memory_gb_per_node * 1e9 / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
+                       hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
                        tr.allocator_fragmentation)
     pp, vp = int(cfg.pp[0]), int(cfg.vp[0])
     group = int(cfg.pp_group[0]) or None
