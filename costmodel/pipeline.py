@@ -185,6 +185,19 @@ def p2p_slack(cfg: ConfigBatch, microbatches) -> np.ndarray:
     return np.where(s == SCHEDULE["afab"], microbatches * cfg.vp, 1.0 + extra)
 
 
+def fill_and_drain_s(total_work, r_max, vp):
+    """Warm-up plus cool-down of the 1F1B-family schedules: the pipe's work beyond the pacing
+    rank's, once, spread over the vp chunks a rank interleaves."""
+    return (total_work - r_max) / vp
+
+
+def pipeline_compute_s(rank_work, microbatches, vp) -> float:
+    """Pipeline time without P2P for any per-rank work R_r (heterogeneous layouts,
+    costmodel.stage_layout): m * max_r R_r + fill_and_drain_s(sum_r R_r, max_r R_r, vp)."""
+    work = np.asarray(rank_work, dtype=float)
+    return float(microbatches * work.max() + fill_and_drain_s(work.sum(), work.max(), vp))
+
+
 @dataclass(frozen=True)
 class PipelineTime:
     total: np.ndarray
@@ -211,7 +224,7 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     total_work = blend(p == 1, r0, r0 + r2 + np.maximum(p - 2, 0) * r1)
     steady = microbatches * r_max
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
-    bubble = (total_work - r_max) / v
+    bubble = fill_and_drain_s(total_work, r_max, v)
     if vee.any():
         bubble = np.where(vee, (p - 1) * np.maximum(chunk_f + 2.0 * chunk_b - 3.0 * chunk_w, 0.0), bubble)
 

@@ -26,6 +26,10 @@ def add_arguments(p) -> None:
     p.add_argument("--top", type=int, default=1, metavar="K", help="report the K best configurations")
     add_distinct_option(p)
     p.add_argument("--time-limit", type=float, metavar="S", help="stop the search after S seconds (default: no limit)")
+    p.add_argument("--pipeline-layouts", action="store_true",
+                   help="then search the best configuration's heterogeneous pipeline layout (layers per virtual stage, CP-SAT certified "
+                        "by the simulated schedule) and launch it with --pipeline-model-parallel-layout where it beats the split (default: off)")
+    p.add_argument("--layout-time-limit", type=float, default=10.0, metavar="S", help="time for the layout search (default: 10)")
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_convention_option(p)
     add_json_option(p)
@@ -50,6 +54,9 @@ def run(args) -> int:
     if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
         print("mofa solve: --time-limit must be positive", file=sys.stderr)
         return 2
+    if not (args.layout_time_limit > 0 and math.isfinite(args.layout_time_limit)):
+        print("mofa solve: --layout-time-limit must be positive", file=sys.stderr)
+        return 2
     problem = load_for_search(args.problem, convention_sets(args))
     if args.out:
         try:
@@ -57,7 +64,8 @@ def run(args) -> int:
         except OSError as exc:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit, args.distinct_layouts)
+    out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit, args.distinct_layouts,
+                              args.layout_time_limit if args.pipeline_layouts else None)
     if args.out:
         try:
             write_outputs(problem, out, args.out, plans)
@@ -68,15 +76,20 @@ def run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(render_solve(problem, out))
+        if out.get("pipeline_layout"):
+            print(render_layout(out["pipeline_layout"]))
         if out.get("exports"):
             print(render_exports(out["exports"]))
     return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
 
 
 def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None,
-                 distinct_layouts: bool = False):
+                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None):
     """(the JSON result `solve --json` prints and result.json holds, the top configurations'
-    typed launch plans): what `mofa solve` and each run of `mofa batch` compute."""
+    typed launch plans): what `mofa solve` and each run of `mofa batch` compute.
+    layout_time_limit_s: search the best configuration's pipeline layout for this long
+    (optimizer.layout_search; None: no layout search); `pipeline_layout` reports it, and the
+    best plan carries the layout where it beats the configuration's own split."""
     from optimizer.result import ObjectiveError
     from optimizer.search import solve
 
@@ -89,6 +102,15 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
     for entry in out["top"]:
         with_interval(problem, entry)
     plans = result.plans(problem)
+    if layout_time_limit_s is not None and out.get("best"):
+        from optimizer.layout_search import layout_report
+
+        report, layout = layout_report(problem, result.top_configs.take([0]), layout_time_limit_s)
+        out["pipeline_layout"] = finite(report)
+        if layout is not None:
+            plans = [plans[0].model_copy(update={"pipeline_layout": layout.to_megatron()}), *plans[1:]]
+            out["best"]["plan"] = plans[0].model_dump(mode="json")
+            out["top"][0]["plan"] = out["best"]["plan"]
     if out.get("best"):
         out["exports"] = export_report(plans[0])
     return out, plans
@@ -97,6 +119,16 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
 #: every file `solve --out` may write (megatron_args.sh: earlier versions'); a folder holding only these can be replaced
 OUTPUT_FILES = ("result.json", "best.yaml", "megatron_launch.sh", "bridge_overrides.txt", "torchtitan_launch.sh",
                 "deepspeed_config.json", "export_errors.txt", "megatron_args.sh")
+
+
+def render_layout(report: dict) -> str:
+    if "refused" in report:
+        return f"pipeline layout search: {report['refused']}"
+    status = "optimal" if report["optimal"] else f"gap {100 * (report['gap'] or 0):.2f}%"
+    verdict = "launched" if report["applied"] else "not better than the split: not launched"
+    return (f"pipeline layout ({status}, {report['search_time_s']:.1f} s, {report['space_size']:.1e} layouts): "
+            f"{report['step_time_s']:.4f} s against {report['megatron_split_step_time_s']:.4f} s for the split "
+            f"({100 * report['gain']:+.2f}%), {verdict}\n  --pipeline-model-parallel-layout {report['layout']}")
 
 
 def render_exports(exports: dict) -> str:

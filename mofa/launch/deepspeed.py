@@ -21,6 +21,9 @@ DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 def check(plan: LaunchPlan) -> None:
     p, dt = plan, plan.dtypes
+    if p.pipeline_layout is not None:
+        refuse(NAME, "a heterogeneous pipeline layout (--pipeline-layouts) is Megatron-Core's --pipeline-model-parallel-layout; "
+               "this exporter only splits layers evenly")
     if p.moe_chunks != 1:
         refuse(NAME, f"moe_chunks={p.moe_chunks}: DeepSpeed has no chunked MoE dispatch (MemFine's FCDA)")
     if p.tp > 1:

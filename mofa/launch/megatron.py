@@ -79,13 +79,18 @@ def expert_groups(plan: LaunchPlan) -> int:
 
 def _layout_args(p: LaunchPlan) -> list[list[str]]:
     out = []
-    if p.vp > 1:
+    if p.pipeline_layout is not None:  # the layout fixes vp and every stage: no other split flag may be given
+        out.append(["--pipeline-model-parallel-layout", p.pipeline_layout])
+    elif p.vp > 1:
         out.append(["--num-virtual-stages-per-pipeline-rank", str(p.vp)])
+    if p.vp > 1:
         if not p.pp_overlap:
             out.append(["--no-overlap-p2p-communication"])
         if p.pp_schedule == "flexible":
             out.append(["--microbatch-group-size-per-virtual-pipeline-stage", str(p.pp_group)])
-    if p.layer_split == "embedding_loss":
+    if p.pipeline_layout is not None:
+        pass
+    elif p.layer_split == "embedding_loss":
         out += [["--account-for-embedding-in-pipeline-split"], ["--account-for-loss-in-pipeline-split"]]
     elif p.layer_split == "uneven":
         out += [["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)], ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]]
@@ -282,7 +287,9 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
             out.append(f"model.hierarchical_context_parallel_sizes=[{p.cp_a2a},{p.cp // p.cp_a2a}]")
     if p.pp_schedule == "flexible":
         out.append(f"model.microbatch_group_size_per_vp_stage={p.pp_group}")
-    if p.layer_split == "embedding_loss":
+    if p.pipeline_layout is not None:  # Hydra's quoted string: the layout's | and * stay literal
+        out.append(f'model.pipeline_model_parallel_layout="{p.pipeline_layout}"')
+    elif p.layer_split == "embedding_loss":
         out += ["model.account_for_embedding_in_pipeline_split=true", "model.account_for_loss_in_pipeline_split=true"]
     elif p.layer_split == "uneven":
         out += [f"model.num_layers_in_first_pipeline_stage={p.first_stage_layers}", f"model.num_layers_in_last_pipeline_stage={p.last_stage_layers}"]

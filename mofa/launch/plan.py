@@ -51,6 +51,9 @@ class LaunchPlan(BaseModel):
     first_stage_layers: int = Field(ge=0, description="transformer layers on the first pipeline rank")
     last_stage_layers: int = Field(ge=0, description="transformer layers on the last pipeline rank")
     middle_stage_layers: int = Field(ge=0, description="transformer layers on each middle rank (0 when pp <= 2)")
+    pipeline_layout: str | None = Field(
+        default=None, description="a heterogeneous layout (Megatron-Core's --pipeline-model-parallel-layout: E t m L per virtual "
+        "stage, `|` between stages) found by `mofa solve --pipeline-layouts`; it replaces the split above")
     pp_schedule: PPSchedule
     pp_group: int | None = Field(default=None, description="flexible schedule: micro-batches per round (nc)")
 

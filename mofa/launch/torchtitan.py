@@ -88,6 +88,9 @@ def _layout(p: LaunchPlan) -> tuple[int, int, int]:
 
 def check(plan: LaunchPlan) -> None:
     p, dt = plan, plan.dtypes
+    if p.pipeline_layout is not None:
+        refuse(NAME, "a heterogeneous pipeline layout (--pipeline-layouts) is Megatron-Core's --pipeline-model-parallel-layout; "
+               "this exporter only splits layers evenly")
     if p.zero_stage in (1, 2):
         refuse(NAME, f"ZeRO-{p.zero_stage} keeps whole parameters; torchtitan's FSDP2 always shards them (ZeRO-3), or replicates everything (ZeRO-0)")
     if p.zero_stage == 0 and p.cp > 1:

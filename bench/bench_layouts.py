@@ -1,0 +1,103 @@
+"""Heterogeneous pipeline layouts (issue 11): the layout search on the two cases of the issue.
+
+    python bench/bench_layouts.py [--time-limit 10] [--workers 2]
+
+For each case (a skeleton configuration: degrees, micro-batch, features fixed) and each search
+(regular layouts, free layouts, regular then free as `mofa solve --pipeline-layouts` runs it;
+each with the full time limit) it prints the size of the layout space (decoder layers over pp*vp stages, any stage possibly empty), the
+time CP-SAT takes to certify its optimum (the critical-path lower bound of
+costmodel.stage_layout), the exact model's step time of the layout it returns (schedule
+simulated op by op) with the proven gap, and the same for Megatron's layouts: the even split by
+count and the first/last-stage heuristics (Llama 3's embedding/loss accounting; DeepSeek-V3's
+Megatron-LM recipe with its MTP module moved onto the last stage, which the model requires).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from costmodel.configs import ConfigBatch  # noqa: E402
+from costmodel.loader import load_problem  # noqa: E402
+from costmodel.stage_layout import (  # noqa: E402
+    LayoutError,
+    StageLayout,
+    balanced_layout,
+    layout_context,
+    megatron_layout,
+    score_layout,
+    space_size,
+)
+from costmodel.units import GIB  # noqa: E402
+from optimizer.layout_search import regular, solve_layout, two_phase  # noqa: E402
+
+
+def cases():
+    """(name, problem, skeleton, baselines). The skeletons: Llama 3 405B as Meta trained it at
+    8K (tp 8, pp 16, vp 8 on 16,384 H100s; the paper's section 3.1.2), with cp 2 so that
+    Megatron's split fits 80 GB, and without (cp 1) where it does not; DeepSeek-V3 on 2048 of
+    MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2)."""
+    llama = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_16384xh100_seq8k.yaml"), ["config=null"])
+    common = dict(tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
+    llama_baselines = {"even by count": balanced_layout(126, 0, 16, 8), "first/last -1 (Llama 3, embedding+loss)": megatron_layout(126, 0, 16, 8, 7, 7)}
+    yield "Llama 3 405B, 16384 H100, tp8 cp2 pp16 vp8", llama, ConfigBatch.from_columns(16384, cp=2, **common), llama_baselines
+    yield "Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8", llama, ConfigBatch.from_columns(16384, **common), llama_baselines
+    ds = load_problem(os.path.join(ROOT, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"])
+    cfg = ConfigBatch.from_columns(2048, tp=4, pp=16, vp=2, ep=64, mbs=1, first_layers=4, last_layers=3, zero_stage=1, pp_overlap=1, dp_overlap=1)
+    ds_baselines = {"even by count": balanced_layout(61, 1, 16, 2), "first/last (Megatron-LM recipe)": StageLayout.from_megatron("Et*3|(tt|)*29,|mL", 16, 2)}
+    yield "DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64", ds, cfg, ds_baselines
+
+
+def describe(score) -> str:
+    fits = "fits" if score.fits else "does NOT fit"
+    return f"step {score.step_time_s:8.4f} s  pipeline {score.pipeline_s:8.4f} s  peak {score.peak_bytes.max() / GIB:6.1f} GiB ({fits})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    for name, problem, cfg, baselines in cases():
+        t0 = time.perf_counter()
+        ctx = layout_context(problem, cfg)
+        setup = time.perf_counter() - t0
+        n, stages = len(ctx.kind_of_layer), ctx.pp * ctx.vp
+        print(f"\n{name}: {n} layers over {stages} stages, {ctx.microbatches} micro-batches; layout space {float(space_size(n, stages)):.2e}")
+        scores = {}
+        for label, layout in baselines.items():
+            scores[label] = score_layout(ctx, layout)
+            print(f"  {label:42s} {describe(scores[label])}")
+        seeds = tuple(baselines.values())
+        searches = [("regular layouts (chunks of a rank within 1 layer)",
+                     lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=tuple(b for b in seeds if regular(b, 1)), chunk_spread=1)),
+                    ("free layouts", lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=seeds)),
+                    ("regular then free, half the time each (mofa solve --pipeline-layouts)", lambda: two_phase(ctx, args.time_limit, args.workers, seeds)[1])]
+        for label, search in searches:
+            try:
+                sol = search()
+            except LayoutError as exc:
+                print(f"  {label}: {exc}")
+                continue
+            best = score_layout(ctx, sol.layout)
+            status = "certified optimal" if sol.optimal else "not proven"
+            print(f"  {label}: {describe(best)}")
+            print(f"    {sol.solve_s:.2f} s (+{setup:.2f} s shared costs, schedule op lists) [{status}, {sol.rounds} CP-SAT rounds]; "
+                  f"proven makespan lower bound {sol.lower_bound_s:.4f} s, gap {100 * sol.gap:.2f}%")
+            for base, score in scores.items():
+                if score.fits:
+                    print(f"    gain over {base}: {100 * (score.step_time_s / best.step_time_s - 1):+.2f}% step time")
+                else:
+                    print(f"    {base}: does not fit" + ("; this layout does" if best.fits else ""))
+            print(f"    --pipeline-model-parallel-layout {sol.layout.to_megatron()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,443 @@
+"""Heterogeneous pipeline layouts: which layers each (pipeline rank, virtual stage) chunk holds,
+scored by the exact model (issue 11).
+
+Why a layout of its own: Megatron's --decoder-first/last-pipeline-num-layers and the
+embedding/loss-accounted split (costmodel.layout) can only move layers off the two edge ranks.
+Megatron-Core's `--pipeline-model-parallel-layout` lets every virtual stage hold any number of
+layers, e.g. DeepSeek-V3's "Et*3|(tt|)*29,m|L": E the embedding, t a decoder layer (dense or MoE
+by its position in the model), m an MTP module, L the output head and loss; `|` separates the
+pp*vp virtual stages in model order, stage s living on rank s % pp as its local chunk s // pp.
+
+A `StageLayout` holds, per stage in model order, its decoder layers and MTP modules (the
+embedding is always on stage 0, the head and loss on the last stage, as Megatron requires); the
+layer kinds (dense, MoE, ...) of a stage follow from the model's layer order
+(`StageLayout.kind_counts`).
+
+Scoring (`score_layout`) reuses the per-kind layer costs the exact model computes once per
+configuration (MPE's reuse, seed 002): a chunk's forward and backward time is the sum of its
+layers' kind costs plus its edge modules (`chunk_times`, composed as costmodel.evaluate composes
+a rank), and the pipeline time is the event-driven simulation of the schedule with those chunk
+times (costmodel.schedule_sim, MoFa's digital twin): with heterogeneous chunks the rank-level
+closed form (costmodel.pipeline: m * max_r R_r + (sum_r R_r - max_r R_r) / vp) misses ranks
+waiting on each other by up to 38%, so it is reported (`closed_form_s`) but not used. The
+layout search's objective starts from `critical_path_bound_s`, a lower bound on the simulated
+makespan: the slowest rank's m micro-batches plus the chain of stages before it. Memory per
+rank is costmodel.memory's ledger with the activations the rank really holds at its peak: the
+schedule's op list says, at every forward, how many micro-batches of each local chunk are in
+flight (`held_chunks`), and the peak is the largest sum of those chunks' activation bytes.
+Exposed P2P and the step-level DP and optimizer terms are the skeleton's (layout-independent
+here: the P2P hops hide behind the mean chunk; DP and the update are taken from the
+configuration's own split, an approximation where a layout moves parameters between ranks).
+
+Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no full recompute, no
+activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
+reason. Those features make a rank's memory depend on its layers in ways the linear layout
+search (optimizer.layout_search) does not model yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
+from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
+from costmodel.memory import MemoryContext, communicator_count, nccl_and_context, rank_memory
+from costmodel.network import Network
+from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, stage_sizes
+from costmodel.placement import stage_groups
+from costmodel.schedule_sim import schedule_ops, simulate
+from costmodel.specs import Problem
+from costmodel.units import GB, US
+
+SYMBOLS = "EtmL"
+
+
+class LayoutError(ValueError):
+    """A layout string or count list that Megatron would not accept, or that does not fit the
+    model; the message names the problem in one line."""
+
+
+class StageLayout(BaseModel):
+    """Decoder layers and MTP modules of every virtual stage, in model order (pp*vp stages;
+    stage s on rank s % pp, local chunk s // pp)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pp: int
+    vp: int
+    decoders: tuple[int, ...]
+    mtp: tuple[int, ...]
+
+    @model_validator(mode="after")
+    def _check(self):
+        stages = self.pp * self.vp
+        if self.pp < 1 or self.vp < 1:
+            raise LayoutError(f"pp and vp must be >= 1, got pp={self.pp} vp={self.vp}")
+        if len(self.decoders) != stages or len(self.mtp) != stages:
+            raise LayoutError(f"a layout of pp={self.pp} x vp={self.vp} needs {stages} stages, got {len(self.decoders)}")
+        if min(self.decoders) < 0 or min(self.mtp) < 0:
+            raise LayoutError("layer counts must be >= 0")
+        last_decoder = max((s for s, n in enumerate(self.decoders) if n), default=-1)
+        first_mtp = min((s for s, n in enumerate(self.mtp) if n), default=stages)
+        if first_mtp < last_decoder:
+            raise LayoutError(f"MTP modules follow the decoder layers: stage {first_mtp} holds one before stage {last_decoder}'s decoder layers")
+        return self
+
+    @property
+    def stages(self) -> int:
+        return self.pp * self.vp
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.decoders)
+
+    @property
+    def mtp_layers(self) -> int:
+        return sum(self.mtp)
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.pp
+
+    def kind_counts(self, kind_of_layer: list[int], num_kinds: int) -> np.ndarray:
+        """[stage, kind] decoder layers of each kind (the model's layers in order; MTP apart)."""
+        if len(kind_of_layer) != self.num_layers:
+            raise LayoutError(f"the layout holds {self.num_layers} decoder layers, the model has {len(kind_of_layer)}")
+        edges = np.concatenate([[0], np.cumsum(self.decoders)])
+        kinds = np.asarray(kind_of_layer)
+        return np.array([np.bincount(kinds[edges[s]:edges[s + 1]], minlength=num_kinds) for s in range(self.stages)], dtype=float).reshape(self.stages, num_kinds)
+
+    def to_megatron(self) -> str:
+        """Megatron-Core's --pipeline-model-parallel-layout, every stage written out."""
+        parts = []
+        for s in range(self.stages):
+            text = ("E" if s == 0 else "") + "t" * self.decoders[s] + "m" * self.mtp[s] + ("L" if s == self.stages - 1 else "")
+            parts.append(text)
+        return "|".join(parts)
+
+    @classmethod
+    def from_megatron(cls, text: str, pp: int, vp: int) -> "StageLayout":
+        """Parse Megatron-Core's layout string: stages separated by `|`, symbols E t m L,
+        `X*n` repeating one symbol and `(...)*n` a group; spaces and commas are ignored."""
+        expanded = re.sub(r"[\s,]", "", text)
+        for _ in range(64):  # nested groups expand inside out
+            new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), expanded)
+            if new == expanded:
+                break
+            expanded = new
+        expanded = re.sub(r"([EtmL])\*(\d+)", lambda g: g.group(1) * int(g.group(2)), expanded)
+        bad = sorted(set(expanded) - set(SYMBOLS + "|"))
+        if bad:
+            raise LayoutError(f"layout {text!r}: unknown symbol {bad[0]!r} (Megatron's are E, t, m, L, |, (...)*n)")
+        stages = expanded.split("|")
+        if len(stages) != pp * vp:
+            raise LayoutError(f"layout {text!r} has {len(stages)} stages, pp={pp} x vp={vp} needs {pp * vp}")
+        for s, stage in enumerate(stages):
+            if "E" in stage and (s != 0 or not stage.startswith("E") or stage.count("E") > 1):
+                raise LayoutError(f"layout {text!r}: the embedding E must open the first stage")
+            if "L" in stage and (s != len(stages) - 1 or not stage.endswith("L") or stage.count("L") > 1):
+                raise LayoutError(f"layout {text!r}: the loss L must close the last stage")
+            if re.search(r"m.*t", stage):
+                raise LayoutError(f"layout {text!r}: stage {s} has an MTP module before a decoder layer")
+        if not stages[0].startswith("E") or not stages[-1].endswith("L"):
+            raise LayoutError(f"layout {text!r}: the first stage must hold E and the last stage L")
+        return cls(pp=pp, vp=vp, decoders=tuple(st.count("t") for st in stages), mtp=tuple(st.count("m") for st in stages))
+
+    @classmethod
+    def from_stage_sizes(cls, pp: int, vp: int, sizes, mtp_layers: int) -> "StageLayout":
+        mtp = [0] * (pp * vp)
+        mtp[-1] = mtp_layers
+        return cls(pp=pp, vp=vp, decoders=tuple(int(n) for n in sizes), mtp=tuple(mtp))
+
+
+def megatron_layout(num_layers: int, mtp_layers: int, pp: int, vp: int, first: int, last: int) -> StageLayout:
+    """The layout Megatron builds from first/last-rank layer counts (costmodel.pipeline.stage_sizes,
+    the model's own reading of --decoder-first/last-pipeline-num-layers and the embedding/loss
+    accounting); MTP modules on the last stage."""
+    sizes, _ = stage_sizes(num_layers, pp, vp, first, last, False)
+    if sizes.sum() != num_layers or sizes.min() < 0:
+        raise LayoutError(f"first={first} last={last} does not split {num_layers} layers over pp={pp} x vp={vp}")
+    return StageLayout.from_stage_sizes(pp, vp, sizes, mtp_layers)
+
+
+def balanced_layout(num_layers: int, mtp_layers: int, pp: int, vp: int) -> StageLayout:
+    """Layers spread over the stages by count alone, the remainder on the middle stages: what
+    an even split becomes when pp*vp does not divide the layer count."""
+    stages = pp * vp
+    base, extra = divmod(num_layers, stages)
+    start = (stages - extra) // 2
+    sizes = [base + (start <= s < start + extra) for s in range(stages)]
+    return StageLayout.from_stage_sizes(pp, vp, sizes, mtp_layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-flight chunks of each rank
+
+
+@functools.lru_cache(maxsize=64)
+def held_chunks(schedule: str, pp: int, vp: int, microbatches: int, group: int | None = None) -> tuple[np.ndarray, ...]:
+    """Per rank, the distinct vectors (over its local chunks) of micro-batches in flight right
+    after each forward, those dominated by another removed: the rank's activation peak is the
+    largest of them weighted by its chunks' activation bytes. Replays schedule_sim's op lists."""
+    ops = schedule_ops(schedule, pp, vp, microbatches, group)
+    out = []
+    for rank, rank_ops in enumerate(ops):
+        held = np.zeros(vp, dtype=np.int64)
+        seen = set()
+        for op in rank_ops:
+            c = op.stage // pp
+            if op.kind == "F":
+                held[c] += 1
+                seen.add(tuple(held))
+            elif op.kind == "B":
+                held[c] -= 1
+        vectors = np.array(sorted(seen))
+        keep = [i for i, v in enumerate(vectors) if not any((w >= v).all() and (w > v).any() for w in vectors)]
+        out.append(vectors[keep])
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutContext:
+    """Everything of one skeleton configuration (a one-row ConfigBatch) that every layout of it
+    shares: the per-kind layer costs (computed once), the memory context, the micro-batches,
+    the step's non-pipeline terms."""
+
+    problem: Problem
+    cfg: ConfigBatch
+    lc: object
+    kinds: list
+    kind_of_layer: list[int]
+    mtp_kind: int | None
+    microbatches: int
+    chunk_overhead_s: float
+    mc: MemoryContext
+    communicators: np.ndarray
+    hop_s: float
+    held: tuple[np.ndarray, ...]
+    ops: list  # schedule_sim's op lists of the skeleton's schedule
+    step_rest_s: float  # exposed DP communication and the optimizer update (the skeleton's)
+
+    @property
+    def pp(self) -> int:
+        return int(self.cfg.pp[0])
+
+    @property
+    def vp(self) -> int:
+        return int(self.cfg.vp[0])
+
+
+SUPPORTED_SCHEDULES = ("1f1b", "interleaved_1f1b")
+
+
+def check_supported(cfg: ConfigBatch) -> None:
+    """Refuse skeletons whose memory or time the per-chunk layout model does not cover."""
+    names = {v: k for k, v in PP_SCHEDULE_CODES.items()}
+    schedule = names[int(cfg.pp_schedule[0])]
+    problems = []
+    if schedule not in SUPPORTED_SCHEDULES:
+        problems.append(f"pp_schedule {schedule} (supported: {', '.join(SUPPORTED_SCHEDULES)})")
+    if cfg.zero_stage[0] > 1:
+        problems.append(f"zero_stage {int(cfg.zero_stage[0])} (supported: 0, 1)")
+    x = cfg.derived()
+    if x.any_full_recompute:
+        problems.append("full recompute")
+    if x.any_offload:
+        problems.append("activation offload")
+    if cfg.moe_chunks[0] != 1:
+        problems.append("FCDA moe_chunks")
+    if problems:
+        raise LayoutError("layout search does not model " + ", ".join(problems))
+
+
+def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
+    """The shared part of scoring layouts of one configuration row."""
+    if len(cfg) != 1:
+        raise ValueError("layout_context takes one configuration")
+    check_supported(cfg)
+    m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
+    base = evaluate(problem, cfg)
+    names = {v: k for k, v in PP_SCHEDULE_CODES.items()}
+    schedule = names[int(cfg.pp_schedule[0])]
+    micro = float(base.microbatches[0])
+    if micro != int(micro) or micro < 1:
+        raise LayoutError(f"the configuration runs {micro} micro-batches per step: not an integer")
+    lc = layer_costs(problem, cfg)
+    kinds = model_kinds(m, tr)
+    net = Network(hw, cl)
+    groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
+    context_bytes, nccl_bytes = nccl_and_context(hw)
+    mc = MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
+                       hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
+                       tr.allocator_fragmentation)
+    pp, vp = int(cfg.pp[0]), int(cfg.vp[0])
+    group = int(cfg.pp_group[0]) or None
+    sim_schedule, sim_group = (schedule, group) if vp > 1 else ("1f1b", None)
+    held = held_chunks(sim_schedule, pp, vp, int(micro), sim_group)
+    rest = float(base.breakdown_s["dp"][0] + base.breakdown_s["update"][0])
+    return LayoutContext(
+        problem=problem, cfg=cfg, lc=lc, kinds=kinds, kind_of_layer=kind_of_layers(m, tr),
+        mtp_kind=kinds.index(mtp_kind(m, tr)) if m.mtp_layers else None, microbatches=int(micro),
+        chunk_overhead_s=hw.efficiency.stage_overhead_us * US, mc=mc, communicators=communicator_count(cfg, cfg.derived(), m.moe is not None),
+        hop_s=float(net.p2p_hop(lc.hop_bytes, groups.pp)[0]), held=held,
+        ops=schedule_ops(sim_schedule, pp, vp, int(micro), sim_group), step_rest_s=rest,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutScore:
+    """A layout scored: per-stage (model order) forward and backward seconds of one
+    micro-batch, per-rank work and peak memory, the pipeline and step time."""
+
+    forward_s: np.ndarray  # [stage]
+    backward_s: np.ndarray
+    rank_work_s: np.ndarray  # [rank]
+    peak_bytes: np.ndarray  # [rank]
+    fits: bool
+    pipeline_s: float  # the simulated schedule's makespan + exposed P2P
+    pp_exposed_s: float
+    step_time_s: float
+    bound_s: float  # critical_path_bound_s: a lower bound on the makespan (the layout search's objective)
+    closed_form_s: float  # costmodel.pipeline's rank-level closed form, for comparison
+
+    def chunk_seconds(self, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray]:
+        """[pp, vp] forward and backward seconds (schedule_sim's layout)."""
+        return self.forward_s.reshape(vp, pp).T, self.backward_s.reshape(vp, pp).T
+
+
+def _scalar(a) -> float:
+    return float(np.asarray(a).ravel()[0])
+
+
+def unit_costs(ctx: LayoutContext) -> dict:
+    """Seconds and bytes per unit of each thing a stage can hold, as the exact model composes a
+    rank (costmodel.evaluate): per layer kind its forward and forward+backward time and its
+    activation bytes; the embedding's and the head's forward and both passes; one MTP module's
+    extra (projection and its own head); the fixed overhead of a chunk. Linear in the counts,
+    so the layout search uses these numbers directly."""
+    lc = ctx.lc
+    k_total = np.array([_scalar(k.total) for k in lc.kinds])
+    return {
+        "kind_forward": np.array([_scalar(k.forward) for k in lc.kinds]),
+        "kind_total": k_total,
+        "kind_activation": np.array([_scalar(k.activation) for k in lc.kinds]),
+        "embedding_forward": _scalar(lc.embedding_f),
+        "embedding_total": _scalar(lc.embedding_f + lc.embedding_b),
+        "head_forward": _scalar(lc.head_forward),
+        "head_total": _scalar(lc.head_compute + lc.head_tp),
+        "mtp_extra": _scalar(lc.mtp_compute),
+        "head_saved": _scalar(lc.head_saved),
+        "overhead": ctx.chunk_overhead_s,
+    }
+
+
+def stage_times(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of one micro-batch of each stage (model order)."""
+    counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+    if ctx.mtp_kind is not None:
+        counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
+    first = np.arange(layout.stages) == 0
+    last = np.arange(layout.stages) == layout.stages - 1
+    return chunk_times(unit_costs(ctx), counts, np.asarray(layout.mtp, dtype=float), first, last)
+
+
+def chunk_times(u: dict, counts: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of chunks with these [chunk, kind] layer counts (MTP
+    layers included), MTP modules and edge modules, from `unit_costs`. As costmodel.evaluate
+    composes a rank: the forward holds the layers' forwards, the embedding, the head's forward
+    and one chunk overhead; the backward everything else."""
+    forward = counts @ u["kind_forward"] + first * u["embedding_forward"] + last * u["head_forward"] + u["overhead"]
+    total = counts @ u["kind_total"] + first * u["embedding_total"] + last * u["head_total"] + mtp * u["mtp_extra"] + 2.0 * u["overhead"]
+    return forward, total - forward
+
+
+def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: bool, mtp_layers: int, in_flight: float, lc=None):
+    """costmodel.memory's ledger of one rank holding these layers (kind_counts over the model
+    kinds, MTP layers included) with `in_flight` average chunks of activations."""
+    lc = ctx.lc if lc is None else lc
+    rank = RankLayers([np.array([float(c)]) for c in kind_counts], first, np.array([last]))
+    return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg, ctx.cfg.derived(), ctx.mc, ctx.communicators, mtp_layers)
+
+
+def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Per rank: kind counts (MTP included), MTP modules, and per local chunk kind counts."""
+    counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+    if ctx.mtp_kind is not None:
+        counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
+    pp = layout.pp
+    per_rank = np.array([counts[r::pp].sum(axis=0) for r in range(pp)])
+    mtp = np.array([sum(layout.mtp[r::pp]) for r in range(pp)])
+    chunks = [counts[r::pp] for r in range(pp)]
+    return per_rank, mtp, chunks
+
+
+def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
+    """The exact model's step time and per-rank peak memory of a heterogeneous layout."""
+    pp, vp = ctx.pp, ctx.vp
+    if (layout.pp, layout.vp) != (pp, vp):
+        raise LayoutError(f"layout is pp={layout.pp} x vp={layout.vp}, the configuration pp={pp} x vp={vp}")
+    if layout.mtp_layers != ctx.problem.model.mtp_layers:
+        raise LayoutError(f"the layout holds {layout.mtp_layers} MTP modules, the model has {ctx.problem.model.mtp_layers}")
+    last_rank = (layout.stages - 1) % pp
+    if any(n and r != last_rank for r, n in ((s % pp, layout.mtp[s]) for s in range(layout.stages))):
+        raise LayoutError("MTP modules on a rank without the head and loss are not modelled: put them on the last rank")
+    forward, backward = stage_times(ctx, layout)
+    work = np.array([(forward + backward)[r::pp].sum() for r in range(pp)])
+    per_rank, mtp, chunks = rank_counts(ctx, layout)
+    act = unit_costs(ctx)["kind_activation"]
+    peaks = []
+    for r in range(pp):
+        chunk_bytes = chunks[r] @ act  # [vp] one micro-batch of each local chunk
+        held = float((ctx.held[r] @ chunk_bytes).max())
+        mean_chunk = chunk_bytes.sum() / vp
+        in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
+        ledger = rank_ledger(ctx, per_rank[r], r == 0, r == last_rank, int(mtp[r]), in_flight)
+        peaks.append(_scalar(ledger.peak))
+    peaks = np.array(peaks)
+    f, b = forward.reshape(vp, pp).T, backward.reshape(vp, pp).T
+    makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
+    pp_exposed = layout_pp_exposed(ctx, forward, backward, work)
+    pipeline = makespan + pp_exposed
+    return LayoutScore(forward, backward, work, peaks, bool((peaks <= ctx.problem.hardware.memory_bytes).all()),
+                       pipeline, pp_exposed, pipeline + ctx.step_rest_s, critical_path_bound_s(f + b, ctx.microbatches),
+                       pipeline_compute_s(work, ctx.microbatches, vp))
+
+
+def critical_path_bound_s(chunk_s: np.ndarray, microbatches: int) -> float:
+    """A lower bound on the makespan of the 1F1B-family schedules for any per-chunk times
+    ([pp, vp] forward+backward seconds): rank r cannot start before the first micro-batch's
+    forward has crossed stages 0..r-1 (local chunk 0 of ranks < r), then runs m * R_r of work,
+    and its last op (the backward of chunk 0, last micro-batch) must still travel back through
+    those stages:  max_r  sum_{r' < r} chunk_s[r', 0] + m * R_r.
+    Equal to the makespan for uniform chunks ((m*vp + pp - 1)(F + B), Narayanan et al.); below
+    it where heterogeneous chunks make ranks wait (tests/unit/test_stage_layout.py)."""
+    chunk_s = np.asarray(chunk_s, dtype=float)
+    before = np.concatenate([[0.0], np.cumsum(chunk_s[:, 0])[:-1]])
+    return float((before + microbatches * chunk_s.sum(axis=1)).max())
+
+
+def layout_pp_exposed(ctx: LayoutContext, forward: np.ndarray, backward: np.ndarray, work: np.ndarray) -> float:
+    """Exposed P2P of the pipeline (costmodel.pipeline.pipeline_time's eq. 23 term), its
+    steady-state hops hidden behind the mean chunk of the stages (a hop travels while its
+    neighbour's chunk runs)."""
+    cfg = ctx.cfg
+    mean_f = np.array([forward.mean()])
+    mean_b = np.array([backward.mean()])
+    w = [np.array([x]) for x in (work[0], work.max(), work[-1])]
+    pipe = pipeline_time(w, cfg, np.array([float(ctx.microbatches)]), np.array([ctx.hop_s]), mean_f, mean_b, 0.0 * mean_f,
+                         ctx.problem.hardware.efficiency.pp_overlap)
+    return _scalar(pipe.pp_exposed)
+
+
+def space_size(num_layers: int, stages: int) -> int:
+    """Layouts of L decoder layers over S stages, any stage possibly empty: C(L + S - 1, S - 1)."""
+    return math.comb(num_layers + stages - 1, stages - 1)

@@ -1,0 +1,80 @@
+"""Heterogeneous pipeline layouts in the launch plan (issue 11): Megatron-LM and Megatron-Bridge
+get --pipeline-model-parallel-layout instead of every other split flag, torchtitan and DeepSpeed
+refuse with the reason, and `mofa solve --pipeline-layouts` searches, reports and exports it."""
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PROBLEMS
+from costmodel.loader import load_problem
+from costmodel.specs import ConfigSpec
+from costmodel.stage_layout import StageLayout
+from mofa.launch import ExportError
+from mofa.launch.deepspeed import deepspeed_config
+from mofa.launch.megatron import bridge_overrides, megatron_flags, megatron_script
+from mofa.launch.plan import build_plan
+from mofa.launch.torchtitan import torchtitan_args
+
+LLAMA405 = PROBLEMS / "tuning" / "llama3_405b_16384xh100_seq8k.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan():
+    problem = load_problem(str(LLAMA405))
+    base = build_plan(problem, ConfigSpec(tp=8, pp=16, vp=8, layer_split="embedding_loss", zero_stage=1), 45)
+    sizes = [0] + [1] * 126 + [0]
+    sizes[1], sizes[2], sizes[-2], sizes[-3] = 0, 2, 0, 2  # move a layer off the second and the second-to-last stage
+    layout = StageLayout.from_stage_sizes(16, 8, sizes, 0)
+    return base.model_copy(update={"pipeline_layout": layout.to_megatron()}), layout
+
+
+def test_megatron_gets_the_layout_and_no_other_split(plan):
+    p, layout = plan
+    flags = megatron_flags(p)
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == layout.to_megatron()
+    for other in ("--num-virtual-stages-per-pipeline-rank", "--account-for-embedding-in-pipeline-split",
+                  "--account-for-loss-in-pipeline-split", "--decoder-first-pipeline-num-layers"):
+        assert other not in flags  # Megatron refuses them next to a layout
+    script = megatron_script(p)
+    assert shlex.quote(layout.to_megatron()) in script  # | and * quoted for the shell
+    assert StageLayout.from_megatron(layout.to_megatron(), 16, 8) == layout
+
+
+def test_bridge_gets_the_layout(plan):
+    p, layout = plan
+    overrides = bridge_overrides(p)
+    assert f'model.pipeline_model_parallel_layout="{layout.to_megatron()}"' in overrides
+    assert not any("account_for" in o or "num_layers_in_first" in o for o in overrides)
+
+
+@pytest.mark.parametrize("exporter", [torchtitan_args, deepspeed_config])
+def test_other_frameworks_refuse_a_layout(plan, exporter):
+    with pytest.raises(ExportError, match="pipeline layout"):
+        exporter(plan[0])
+
+
+def test_solve_pipeline_layouts(tmp_path):
+    """Llama 2 70B on 128 GPUs with pp 4 x vp 2 interleaved: the search is never worse than the
+    configuration's own split, and the exported launch script carries what the report says."""
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "mofa", "solve", str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml"),
+            "--set", "search.pp=[4]", "--set", "search.vp=[2]", "--set", "features.zero_stage=[1]",
+            "--set", "features.activation_offload=off", "--set", "features.recompute=[none, selective]",
+            "--set", "search.pp_schedule=[interleaved_1f1b]", "--pipeline-layouts", "--layout-time-limit", "5",
+            "--json", "--out", str(out)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["pipeline_layout"]
+    # certification within the limit depends on the machine's load; what must hold always:
+    assert report["step_time_s"] <= report["megatron_split_step_time_s"] and 0.0 <= report["gap"] <= 1.0
+    assert not report["applied"] or report["step_time_s"] < report["megatron_split_step_time_s"] or not report["megatron_split_fits"]
+    script = (out / "megatron_launch.sh").read_text()
+    if report["applied"]:
+        assert shlex.quote(report["layout"]) in script
+        assert json.loads((out / "result.json").read_text())["best"]["plan"]["pipeline_layout"] == report["layout"]
+    else:
+        assert "--pipeline-model-parallel-layout" not in script

@@ -1,0 +1,95 @@
+"""Heterogeneous pipeline layouts (costmodel.stage_layout): Megatron-Core's layout string, the
+scorer against the exact model on Megatron's own splits, and the schedule bound against the
+event-driven simulation (costmodel.schedule_sim, the oracle)."""
+
+import numpy as np
+import pytest
+
+from costmodel.configs import ConfigBatch
+from costmodel.evaluate import evaluate
+from costmodel.loader import load_problem
+from costmodel.pipeline import in_flight
+from costmodel.schedule_sim import schedule_ops, simulate
+from costmodel.stage_layout import (
+    LayoutError,
+    StageLayout,
+    critical_path_bound_s,
+    held_chunks,
+    layout_context,
+    megatron_layout,
+    score_layout,
+)
+
+DSV3 = "Et*3|(tt|)*29,m|L"  # Megatron-LM's DeepSeek-V3 recipe, pp 16 x vp 2
+
+
+def test_parse_deepseek_layout():
+    layout = StageLayout.from_megatron(DSV3, 16, 2)
+    assert layout.decoders == (3,) + (2,) * 29 + (0, 0)
+    assert layout.mtp == (0,) * 30 + (1, 0)
+    assert layout.num_layers == 61 and layout.mtp_layers == 1
+    assert StageLayout.from_megatron(layout.to_megatron(), 16, 2) == layout
+
+
+def test_kind_counts_follow_model_order():
+    layout = StageLayout.from_megatron("Ett|tt|tt|tL", 4, 1)
+    kinds = [0, 0, 0, 1, 1, 1, 1]  # DeepSeek-like: three dense layers first
+    np.testing.assert_array_equal(layout.kind_counts(kinds, 2), [[2, 0], [1, 1], [0, 2], [0, 1]])
+
+
+@pytest.mark.parametrize("text,pp,vp,message", [
+    ("Et|tx|L", 3, 1, "unknown symbol"),
+    ("Et|t|L", 2, 2, "3 stages, pp=2 x vp=2 needs 4"),
+    ("t|Et|L", 3, 1, "embedding"),
+    ("Et|tL|t", 3, 1, "loss"),
+    ("Et|mt|L", 3, 1, "MTP"),
+])
+def test_bad_layouts_are_refused(text, pp, vp, message):
+    with pytest.raises(LayoutError, match=message):
+        StageLayout.from_megatron(text, pp, vp)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    problem = load_problem("problems/tuning/llama3_405b_16384xh100_seq8k.yaml", ["config=null"])
+    cfg = ConfigBatch.from_columns(16384, tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1,
+                                   tp_overlap=1, dp_overlap=1)
+    return problem, cfg, layout_context(problem, cfg)
+
+
+def test_megatron_split_scores_as_the_exact_model(llama):
+    """Llama 3's 126 layers on pp 16 x vp 8 (embedding and loss counted as layers): the layout
+    scorer, given Megatron's own split, reproduces evaluate's worst-rank peak memory and its
+    rank-level closed-form pipeline time (step - dp - update - pp) to 1e-9."""
+    problem, cfg, ctx = llama
+    e = evaluate(problem, cfg)
+    score = score_layout(ctx, megatron_layout(126, 0, 16, 8, 7, 7))
+    assert score.peak_bytes.max() == pytest.approx(float(e.memory_bytes["peak"][0]), rel=1e-9)
+    closed = float(e.step_time_s[0] - e.breakdown_s["dp"][0] - e.breakdown_s["update"][0] - e.breakdown_s["pp"][0])
+    assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
+    assert score.pp_exposed_s == pytest.approx(float(e.breakdown_s["pp"][0]), rel=1e-9)
+    assert score.bound_s <= score.pipeline_s - score.pp_exposed_s + 1e-12
+
+
+@pytest.mark.parametrize("schedule,pp,vp,m", [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 8, 4, 16)])
+def test_held_chunks_match_in_flight(schedule, pp, vp, m):
+    """Uniform chunks: the peak held chunks of each rank is pipeline.in_flight (eq. 5 as
+    Megatron runs it)."""
+    held = held_chunks(schedule, pp, vp, m)
+    cfg = ConfigBatch.from_columns(pp * 8, pp=pp, vp=vp, first_layers=vp, last_layers=vp)
+    for r in range(pp):
+        assert held[r].sum(axis=1).max() == in_flight(r, cfg, m)[0]
+
+
+@pytest.mark.parametrize("schedule,pp,vp,m", [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 8, 2, 16)])
+def test_critical_path_bound(schedule, pp, vp, m):
+    """The layout search's objective is a lower bound on the simulated makespan for any chunk
+    times (random, some chunks near empty), and equal to it for uniform chunks."""
+    ops = schedule_ops(schedule, pp, vp, m)
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        f = rng.uniform(0.2, 2.0, (pp, vp)) * (rng.uniform(size=(pp, vp)) > 0.3) + 0.01
+        b = 2.0 * f
+        assert critical_path_bound_s(f + b, m) <= simulate(ops, f, b, 0.0).makespan_s * (1 + 1e-12)
+    uniform = np.ones((pp, vp))
+    assert critical_path_bound_s(3.0 * uniform, m) == pytest.approx(simulate(ops, uniform, 2.0 * uniform, 0.0).makespan_s, rel=1e-12)
