@@ -359,8 +359,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         if x.any_zero2:
             dense_p, expert_p = params[k]
             per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
-            stage_gap = micro * per_mb / np.maximum(windows * v, 1.0)  # compute between two windows of a stage
-            fsdp = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
+            gaps = np.maximum(windows * v, 1.0)  # stretches of compute between two gradient windows of a stage, per step
+            prefetch_used = zero
             if x.any_zero3:
                 expert_per_layer = both("expert_params") / layers
                 dense_per_layer = both("params") / layers - expert_per_layer
@@ -374,7 +374,13 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
                 # shortens the forward must not shrink the backward window by more than it saves
                 layer_both = sum(both(key) for key in ("compute", "recompute", "tp", "cp", "ep")) + (both("offload") if x.any_offload else 0.0)
                 b_layer = layer_both / layers - f_layer
-                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
+                gathers = zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
+                fsdp = gathers.exposed
+                prefetch_used = gathers.window_used
+            # one overlap budget: a window's reduce-scatter hides behind the compute between two
+            # windows that the parameter prefetches of the same stretch do not already overlap
+            stage_gap = (micro * per_mb - prefetch_used) / gaps
+            fsdp = fsdp + window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
             fsdp = fsdp / micro
         parts["fsdp"].append(fsdp)
         parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
