@@ -45,7 +45,7 @@ class Evaluation:
     step_time_s: np.ndarray
     breakdown_s: dict[str, np.ndarray]
     memory_bytes: dict[str, np.ndarray]  # worst rank's ledger, MEMORY_KEYS + 'peak'
-    worst_rank: np.ndarray  # 0 first, 1 middle, 2 last
+    worst_rank: np.ndarray  # 0 first, 1 middle, 2 last (pp = 2: first or last; pp = 1: first)
     fits: np.ndarray
     capacity_bytes: int
     host_bytes: np.ndarray
@@ -443,7 +443,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         step_time_s=step,
         breakdown_s=breakdown,
         memory_bytes=memory,
-        worst_rank=worst[1] + 2.0 * worst[2],
+        # with pp = 2 the second rank class is the last rank (rank_classes): name it so
+        worst_rank=np.where((cfg.pp == 2) & (worst[1] > 0), 2.0, worst[1] + 2.0 * worst[2]),
         fits=memory["peak"] <= hw.memory_bytes,
         capacity_bytes=hw.memory_bytes,
         host_bytes=host_used,
