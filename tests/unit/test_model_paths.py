@@ -154,8 +154,8 @@ def test_decay_never_rises_with_span(e1, e2, exponent):
 
 
 def test_all_to_all_shares_and_the_node_limited_cap():
-    """Each rank sends S spread evenly over n ranks; the node share and the off-node share
-    travel concurrently: time = max(f_node / B_node, f_out / B_out) * S + latency of the outer
+    """Each rank sends S spread evenly over n ranks; the node share (NVLink) and the off-node
+    share (NIC) travel concurrently: time = max(f_node / B_node, f_out / B_out) * S + latency of the outer
     level. 32 ranks on 4 nodes: f_node = 7/32, f_out = 24/32. Node-limited routing caps the
     off-node share (DeepSeek-V3: 4 nodes of a token's 8 experts, 1/2)."""
     hw, net = net_of()
@@ -170,6 +170,37 @@ def test_all_to_all_shares_and_the_node_limited_cap():
     assert capped < free
     # a cap above the off-node share changes nothing
     assert float(net.all_to_all(a(size), g, inter_node_cap=0.9)[0]) == pytest.approx(free, rel=1e-12)
+
+
+def test_all_to_all_node_and_supernode_shares_use_the_same_ports():
+    """Inside a supernode the node share and the rest-of-supernode share leave through the same
+    scale-up ports, so their times add: 16 ranks over 2 nodes of one 16-GPU supernode take
+    (7/16 / B_node + 8/16 / B_super) * S. Counted as concurrent links (max of the two) they took
+    8/16 / B * S, less than 8 ranks inside one node (7/8 / B * S) at the same bandwidth: a wider
+    EP group looked faster for the same bytes per rank."""
+    hw, net = net_of(supernode=16)
+    b_node, b_super, _ = level_bandwidths(hw)
+    size = 1e8
+    lat = hw.intra_node_latency_us * US
+    wide = net.group([(a(1), a(16))])
+    assert [float(x[0]) for x in wide.n] == [8, 2, 1]
+    assert float(net.all_to_all(a(size), wide)[0]) == pytest.approx((7 / 16 / b_node + 8 / 16 / b_super) * size + lat, rel=1e-12)
+    node = net.group([(a(1), a(8))])
+    assert float(net.all_to_all(a(size), wide)[0]) >= float(net.all_to_all(a(size), node)[0])
+
+
+def test_node_limited_cap_bounds_all_traffic_leaving_the_node():
+    """The node-limited cap bounds what leaves the node, to the rest of the supernode and beyond
+    together, split in proportion to their uniform shares. 64 ranks: nodes of 8, supernodes of 16:
+    f_node = 7/64, f_super = 8/64, f_out = 48/64; a cap of 1/2 keeps (1/2) / (56/64) of each:
+    f_super = 1/14, f_out = 3/7 (capped one by one they sent 1/8 + 1/2 = 5/8 > 1/2 off the node)."""
+    hw, net = net_of(num_gpus=64, supernode=16)
+    b_node, b_super, b_out = level_bandwidths(hw)
+    g = net.group([(a(1), a(64))])
+    assert [float(x[0]) for x in g.n] == [8, 2, 4]
+    size = 1e8
+    expected = max(7 / 64 / b_node + 1 / 14 / b_super, 3 / 7 / b_out) * size + hw.inter_node_latency_us * US
+    assert float(net.all_to_all(a(size), g, inter_node_cap=0.5)[0]) == pytest.approx(expected, rel=1e-12)
 
 
 def test_p2p_hop_mean_over_the_ring():
