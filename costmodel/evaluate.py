@@ -355,7 +355,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
         f = f + rank.last * lc.head_forward
 
         # ZeRO-2/3 traffic inside the pipeline, per step, spread over the micro-batches
-        fsdp = zero
+        fsdp, fsdp_f = zero, zero
         if x.any_zero2:
             dense_p, expert_p = params[k]
             per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
@@ -375,7 +375,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
                 layer_both = sum(both(key) for key in ("compute", "recompute", "tp", "cp", "ep")) + (both("offload") if x.any_offload else 0.0)
                 b_layer = layer_both / layers - f_layer
                 gathers = zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
-                fsdp = gathers.exposed
+                fsdp = gathers.exposed_f + gathers.exposed_b
+                fsdp_f = gathers.exposed_f / micro  # the forward gathers' exposed time is the forward pass's
                 prefetch_used = gathers.window_used
             # one overlap budget: a window's reduce-scatter hides behind the compute between two
             # windows that the parameter prefetches of the same stretch do not already overlap
@@ -384,7 +385,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch) -> Evaluation:
             fsdp = fsdp / micro
         parts["fsdp"].append(fsdp)
         parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
-        f = f + v * chunk_overhead
+        f = f + v * chunk_overhead + fsdp_f
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
         wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad if x.any_dualpipev else zero)

@@ -158,11 +158,13 @@ def window_traffic(dense_params, expert_params, vp, x, groups, net, hw, d_grad, 
 
 @dataclass(frozen=True)
 class Zero3Gathers:
-    """ZeRO-3's parameter all-gathers of one rank in one step: the time they add (`exposed`) and
-    the compute their prefetches overlap (`window_used`), which the gradient reduce-scatters of
-    the same step can no longer hide behind."""
+    """ZeRO-3's parameter all-gathers of one rank in one step: the time they add in the forward
+    and in the backward passes (`exposed_f`, `exposed_b`: the pipeline schedules weigh the two
+    passes differently) and the compute their prefetches overlap (`window_used`), which the
+    gradient reduce-scatters of the same step can no longer hide behind."""
 
-    exposed: np.ndarray
+    exposed_f: np.ndarray
+    exposed_b: np.ndarray
     window_used: np.ndarray
 
 
@@ -174,7 +176,7 @@ def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, 
     the forward / backward (per micro-batch when parameters are freed after the forward)."""
     if not np.any(x.shard_params):
         zero = 0.0 * dense_per_layer
-        return Zero3Gathers(zero, zero)
+        return Zero3Gathers(zero, zero, zero)
     ag = gather_params(d_para * dense_per_layer, d_para * expert_per_layer, groups, net, moe)
     coef, on = hw.efficiency.dp_overlap, x.dp_overlap
     rest = np.maximum(stage_layers - 1.0, 0.0)
@@ -182,4 +184,4 @@ def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, 
     per_b = ag + rest * hidden(ag, backward_per_layer, coef, on)
     used = rest * (gathers_f * window_used(ag, forward_per_layer, coef, on) + gathers_b * window_used(ag, backward_per_layer, coef, on))
     edges = gathers_f * net.all_gather(d_para * edge_params, groups.shard)
-    return Zero3Gathers(x.shard_params * (vp * (gathers_f * per_f + gathers_b * per_b) + edges), x.shard_params * vp * used)
+    return Zero3Gathers(x.shard_params * (vp * gathers_f * per_f + edges), x.shard_params * vp * gathers_b * per_b, x.shard_params * vp * used)

@@ -451,6 +451,26 @@ def test_overlap_without_contention_never_slows_a_step(name):
     assert checked >= 3
 
 
+def test_zero3_forward_gathers_lengthen_the_forward_chunk():
+    """DualPipeV's bubble, (pp - 1)(F + 2B - 3W), weighs the backward chunk twice: ZeRO-3's
+    forward parameter gathers block the forward, so what they expose belongs to F. Booked to B,
+    switching TP overlap on (4.2 s less TP, about as much more gather exposure: the gathers
+    outlast the compute) moved time from F to B and made this Llama2-70B step slower with
+    alpha = beta = 1."""
+    from costmodel.specs import ConfigSpec
+
+    p = problem("llama2_70b_128gpu")
+    ideal = OverlapCoefficients()
+    p = with_efficiency(p, **{f: ideal for f in (*OVERLAPS, "pp_overlap", "offload_overlap")})
+    row = dict(tp=8, cp=2, pp=4, vp=2, mbs=1, pp_schedule="dualpipev", zero_stage=3, reshard_after_forward=True,
+               activation_offload="layer", cp_overlap=True, pp_overlap=True, dp_overlap=True)
+    on, off = (ConfigBatch.from_specs(p, [ConfigSpec.model_validate({**row, "tp_overlap": flag})]) for flag in (True, False))
+    assert feasible(p, on)[0] and feasible(p, off)[0]
+    e_on, e_off = evaluate(p, on), evaluate(p, off)
+    assert float(e_on.breakdown_s["tp"][0]) < float(e_off.breakdown_s["tp"][0]) - 1.0
+    assert float(e_on.step_time_s[0]) <= float(e_off.step_time_s[0])
+
+
 # --------------------------------------------------------------------------------------
 # Fault model: recovery mix (eq. 41)
 # --------------------------------------------------------------------------------------
