@@ -46,7 +46,7 @@ class Evaluation:
     step_time_s: np.ndarray
     breakdown_s: dict[str, np.ndarray]
     memory_bytes: dict[str, np.ndarray]  # worst rank's ledger, MEMORY_KEYS + 'peak'
-    worst_rank: np.ndarray  # 0 first, 1 middle, 2 last
+    worst_rank: np.ndarray  # 0 first, 1 middle, 2 last (pp = 2: first or last; pp = 1: first)
     fits: np.ndarray
     capacity_bytes: int
     host_bytes: np.ndarray
@@ -373,12 +373,12 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         f = f + rank.last * lc.head_forward
 
         # ZeRO-2/3 traffic inside the pipeline, per step, spread over the micro-batches
-        fsdp = zero
+        fsdp, fsdp_f = zero, zero
         if x.any_zero2:
             dense_p, expert_p = params[k]
             per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
-            stage_gap = micro * per_mb / np.maximum(windows * v, 1.0)  # compute between two windows of a stage
-            fsdp = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
+            gaps = np.maximum(windows * v, 1.0)  # stretches of compute between two gradient windows of a stage, per step
+            prefetch_used = zero
             if x.any_zero3:
                 expert_per_layer = both("expert_params") / layers
                 dense_per_layer = both("params") / layers - expert_per_layer
@@ -392,11 +392,18 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
                 # shortens the forward must not shrink the backward window by more than it saves
                 layer_both = sum(both(key) for key in ("compute", "recompute", "tp", "cp", "ep")) + (both("offload") if x.any_offload else 0.0)
                 b_layer = layer_both / layers - f_layer
-                fsdp = fsdp + zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
+                gathers = zero3_gathers(dense_per_layer, expert_per_layer, edge_params, layers / v, gathers_f, gathers_b, v, x, groups, net, hw, d_para, f_layer, b_layer, moe)
+                fsdp = gathers.exposed_f + gathers.exposed_b
+                fsdp_f = gathers.exposed_f / micro  # the forward gathers' exposed time is the forward pass's
+                prefetch_used = gathers.window_used
+            # one overlap budget: a window's reduce-scatter hides behind the compute between two
+            # windows that the parameter prefetches of the same stretch do not already overlap
+            stage_gap = (micro * per_mb - prefetch_used) / gaps
+            fsdp = fsdp + window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
             fsdp = fsdp / micro
         parts["fsdp"].append(fsdp)
         parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
-        f = f + v * chunk_overhead
+        f = f + v * chunk_overhead + fsdp_f
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
         wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad if x.any_dualpipev else zero)
@@ -460,7 +467,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         step_time_s=step,
         breakdown_s=breakdown,
         memory_bytes=memory,
-        worst_rank=worst[1] + 2.0 * worst[2],
+        # with pp = 2 the second rank class is the last rank (rank_classes): name it so
+        worst_rank=np.where((cfg.pp == 2) & (worst[1] > 0), 2.0, worst[1] + 2.0 * worst[2]),
         fits=memory["peak"] <= hw.memory_bytes,
         capacity_bytes=hw.memory_bytes,
         host_bytes=host_used,

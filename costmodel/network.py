@@ -13,7 +13,9 @@ node or supernode follows from the strides alone.
 Collectives are hierarchical (NCCL's tree/ring across levels behaves like this in
 bandwidth terms): a reduce-scatter first reduces inside the node, then across nodes on the
 1/n_node share, and so on outward; an all-gather is the mirror image; an all-reduce is both.
-An all-to-all sends each level's share of the data over that level's links concurrently.
+An all-to-all sends the scale-out share over the NIC while the node and supernode shares cross
+the scale-up fabric; those two share the GPU's scale-up ports (a supernode is one larger
+NVLink-class domain, not a second set of links), so their times add.
 """
 
 from __future__ import annotations
@@ -116,19 +118,23 @@ class Network:
         return 2.0 * self.reduce_scatter(full_bytes, g)
 
     def all_to_all(self, bytes_per_rank: np.ndarray, g: Group, inter_node_cap=None) -> np.ndarray:
-        """All-to-all where each rank sends `bytes_per_rank` spread evenly over the group;
-        the shares for the node, the supernode and beyond travel concurrently on their links.
+        """All-to-all where each rank sends `bytes_per_rank` spread evenly over the group. The
+        share for peers in the node and the share for the rest of the supernode leave through the
+        same scale-up ports (their times add: spreading over more of one fabric does not add
+        bandwidth); the share beyond the supernode travels concurrently on the NIC.
         `inter_node_cap` (fraction of the data, e.g. DeepSeek's node-limited routing) bounds the
-        share that leaves the node."""
+        share that leaves the node, supernode and beyond together; it is taken from the two in
+        proportion to their uniform shares."""
         n0, n1, n2 = g.n
         n = n0 * n1 * n2
         f_node = (n0 - 1.0) / n
         f_super = n0 * (n1 - 1.0) / n
         f_out = n0 * n1 * (n2 - 1.0) / n
         if inter_node_cap is not None:
-            f_out = np.minimum(f_out, inter_node_cap)
-            f_super = np.minimum(f_super, inter_node_cap)
-        t = np.maximum(np.maximum(f_node / g.bandwidth[0], f_super / g.bandwidth[1]), f_out / g.bandwidth[2]) * bytes_per_rank
+            off = f_super + f_out
+            keep = np.minimum(1.0, np.divide(inter_node_cap, off, out=np.ones_like(off * inter_node_cap), where=off > 0))
+            f_super, f_out = f_super * keep, f_out * keep
+        t = np.maximum(f_node / g.bandwidth[0] + f_super / g.bandwidth[1], f_out / g.bandwidth[2]) * bytes_per_rank
         lat = np.where(n2 > 1, self.latency[2], np.where(n1 > 1, self.latency[1], self.latency[0]))
         return (t + lat) * ((n > 1) & (bytes_per_rank > 0))
 

@@ -76,6 +76,14 @@ def hidden(comm, window, coef, on):
     return blend(on, np.maximum(rest - window, (coef.alpha - 1.0) * np.minimum(window, rest)), comm)
 
 
+def window_used(comm, window, coef, on):
+    """The compute of `window` that a transfer hidden behind it (`hidden`) overlaps: min(window,
+    beta*comm) with overlap, none without. Two transfers that run behind the same compute share
+    one budget: the second hides only behind `window - window_used(first)`, never behind compute
+    the first already overlaps (else shortening the compute by d exposes up to 2d more)."""
+    return on * np.minimum(window, coef.beta * comm)
+
+
 def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
     """Reads: master weight (when the weights are narrower than D_opt), both moments, the
     gradient upcast to D_opt; writes: the same states and the model weight."""
@@ -155,26 +163,42 @@ def window_traffic(dense_params, expert_params, vp, x, groups, net, hw, d_grad, 
     of one rank (its vp virtual stages), each hidden behind the next window's compute when DP
     overlap is on (what it adds beyond that compute is exposed) and exposed otherwise.
     windows: gradient windows per virtual stage per step (pipeline.grad_windows);
-    window_compute: the compute one window's reduce-scatter can hide behind."""
+    window_compute: the compute one window's reduce-scatter can hide behind, less what ZeRO-3's
+    parameter prefetches in the same window already overlap (`Zero3Gathers.window_used`): the
+    two share one overlap budget."""
     if not np.any(x.shard_grads):
         return 0.0 * dense_params
     rs_stage = reduce_scatter_grads(d_grad * dense_params / vp, d_grad * expert_params / vp, x, groups, net, moe)
     earlier = x.shard_grads * vp * (windows - 1.0)
-    return earlier * hidden(rs_stage, window_compute, hw.efficiency.dp_overlap, x.dp_overlap)
+    return earlier * hidden(rs_stage, np.maximum(window_compute, 0.0), hw.efficiency.dp_overlap, x.dp_overlap)
 
 
-def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, gathers_f, gathers_b, vp, x, groups, net, hw, d_para, forward_per_layer, backward_per_layer, moe: bool):
+@dataclass(frozen=True)
+class Zero3Gathers:
+    """ZeRO-3's parameter all-gathers of one rank in one step: the time they add in the forward
+    and in the backward passes (`exposed_f`, `exposed_b`: the pipeline schedules weigh the two
+    passes differently) and the compute their prefetches overlap (`window_used`), which the
+    gradient reduce-scatters of the same step can no longer hide behind."""
+
+    exposed_f: np.ndarray
+    exposed_b: np.ndarray
+    window_used: np.ndarray
+
+
+def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, gathers_f, gathers_b, vp, x, groups, net, hw, d_para, forward_per_layer, backward_per_layer, moe: bool) -> Zero3Gathers:
     """ZeRO-3: the parameter all-gathers of one rank in one step. Each gather of a virtual stage
     exposes its first layer and prefetches the rest behind the previous layer's compute (FSDP's
     prefetch, with DP overlap; all exposed without); the root unit (embedding, head) is gathered
     once per forward on the ranks that hold it. gathers_f/_b: gathers of each stage per step in
     the forward / backward (per micro-batch when parameters are freed after the forward)."""
     if not np.any(x.shard_params):
-        return 0.0 * dense_per_layer
+        zero = 0.0 * dense_per_layer
+        return Zero3Gathers(zero, zero, zero)
     ag = gather_params(d_para * dense_per_layer, d_para * expert_per_layer, groups, net, moe)
     coef, on = hw.efficiency.dp_overlap, x.dp_overlap
     rest = np.maximum(stage_layers - 1.0, 0.0)
     per_f = ag + rest * hidden(ag, forward_per_layer, coef, on)
     per_b = ag + rest * hidden(ag, backward_per_layer, coef, on)
+    used = rest * (gathers_f * window_used(ag, forward_per_layer, coef, on) + gathers_b * window_used(ag, backward_per_layer, coef, on))
     edges = gathers_f * net.all_gather(d_para * edge_params, groups.shard)
-    return x.shard_params * (vp * (gathers_f * per_f + gathers_b * per_b) + edges)
+    return Zero3Gathers(x.shard_params * (vp * gathers_f * per_f + edges), x.shard_params * vp * gathers_b * per_b, x.shard_params * vp * used)

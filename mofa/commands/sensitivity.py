@@ -11,7 +11,7 @@ NAME = "sensitivity"
 HELP = "vary one variable at a time around the best configuration: memory headroom, comm share, step time, MFU"
 DESCRIPTION = ("Solve the problem (or take its config section), then move each --vary variable to half and to twice its value, "
                "one at a time, everything else held, and score each with the exact model: memory headroom (capacity - peak), "
-               "the share of the step spent in exposed communication, step time and MFU, as changes from the base. "
+               "the share of the step spent in exposed communication, step time and MFU, as changes from the base, with the memory-ledger line that moved most. "
                "A variant the frameworks would reject is listed with the rule it breaks.")
 
 #: variable -> (where it lives, field): a configuration field or a training field of the problem
@@ -35,7 +35,16 @@ def metrics(entry: dict) -> dict:
     step = entry["step_time_s"]
     comm = sum(entry["breakdown_s"][k] for k in COMM_TERMS)
     return {"headroom_gib": (entry["memory_capacity_bytes"] - entry["memory_bytes"]["peak"]) / 2**30, "comm_share": comm / step if step else 0.0,
-            "step_time_s": step, "mfu": entry["mfu"], "mfu_convention": entry["mfu_convention"], "fits": entry["fits"] and entry["host_fits"]}
+            "step_time_s": step, "mfu": entry["mfu"], "mfu_convention": entry["mfu_convention"], "fits": entry["fits"] and entry["host_fits"],
+            "memory_gib": {k: v for k, v in entry["memory_gib"].items() if k != "peak"}, "worst_rank": entry["worst_rank"]}
+
+
+def memory_driver(base: dict, variant: dict) -> dict:
+    """The memory-ledger line (worst rank's) that moved most from the base, so a large headroom
+    change explains itself (e.g. ZeRO-3 at pp 2 under 1F1B holding a whole stage's gradients)."""
+    deltas = {k: variant["memory_gib"][k] - base["memory_gib"][k] for k in base["memory_gib"]}
+    term = max(deltas, key=lambda k: (abs(deltas[k]), k))
+    return {"term": term, "delta_gib": deltas[term]}
 
 
 def score(problem, spec) -> tuple[dict | None, str | None]:
@@ -106,6 +115,7 @@ def run(args) -> int:
                 row.update(m)
                 row.update({f"delta_{k}": m[k] - base[k] for k in ("headroom_gib", "comm_share", "step_time_s", "mfu")})
                 row["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
+                row["memory_driver"] = memory_driver(base, m)
             rows.append(row)
     from costmodel.configs import ConfigBatch, config_label
 
@@ -119,9 +129,10 @@ def run(args) -> int:
     body = []
     for r in rows:
         if r["rejected"]:
-            body.append([r["variant"], "-", "-", "-", "-", "rejected: " + r["rejected"]])
+            body.append([r["variant"], "-", "-", "-", "-", "-", "rejected: " + r["rejected"]])
         else:
-            body.append([r["variant"], f"{r['delta_headroom_gib']:+.1f}", f"{100 * r['delta_comm_share']:+.1f}", f"{r['step_time_ratio']:.3f}x",
-                         f"{100 * r['delta_mfu']:+.1f}", "fits" if r["fits"] else "DOES NOT FIT"])
-    print(table(["variant", "headroom GiB", "comm share pp", "step time", f"MFU pp ({base['mfu_convention']})", "memory"], body, "lrrrrl"))
+            driver = r["memory_driver"]
+            body.append([r["variant"], f"{r['delta_headroom_gib']:+.1f}", f"{driver['term']} {driver['delta_gib']:+.1f}", f"{100 * r['delta_comm_share']:+.1f}",
+                         f"{r['step_time_ratio']:.3f}x", f"{100 * r['delta_mfu']:+.1f}", "fits" if r["fits"] else "DOES NOT FIT"])
+    print(table(["variant", "headroom GiB", "most moved GiB", "comm share pp", "step time", f"MFU pp ({base['mfu_convention']})", "memory"], body, "lrlrrrl"))
     return 0

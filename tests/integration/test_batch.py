@@ -240,3 +240,19 @@ def test_sensitivity_moves_one_variable_at_a_time(tmp_path):
     assert load_problem(str(path)).config.tp == 2
     bad = mofa("sensitivity", str(path), "--vary", "tp,zz")
     assert bad.returncode == 2 and "zz" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_sensitivity_names_the_memory_line_behind_a_headroom_change(tmp_path):
+    """A ZeRO-3 run at pp 1 moved to pp 2 (1F1B, one stage per rank) loses most of its headroom
+    to the gradients: the rank now holds its stage's unsharded gradient for the whole step. The
+    row names that ledger line and its change, which is the evaluated ledgers' difference."""
+    path = tmp_path / "zero3.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "config": {"tp": 1, "pp": 1, "mbs": 1, "zero_stage": 3}}))
+    out = json.loads(mofa("sensitivity", str(path), "--vary", "pp", "--json").stdout)
+    row = next(r for r in out["variants"] if r["variant"] == "pp=2 (base 1)")
+    evaluated = json.loads(mofa("evaluate", str(path), "--set", "pp=2", "--json").stdout)
+    grads_delta = evaluated["memory_gib"]["grads"] - out["base"]["memory_gib"]["grads"]
+    assert row["memory_driver"] == {"term": "grads", "delta_gib": pytest.approx(grads_delta, rel=1e-12)}
+    assert grads_delta > 0.5 * -row["delta_headroom_gib"] > 0
+    text = mofa("sensitivity", str(path), "--vary", "pp").stdout
+    assert f"grads {grads_delta:+.1f}" in text

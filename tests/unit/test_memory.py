@@ -87,3 +87,23 @@ def test_batch_and_single_evaluation_agree():
 @pytest.mark.parametrize("check", korthikanti_checks(), ids=lambda c: c["name"])
 def test_korthikanti_checks_in_the_validation_report_are_exact(check):
     assert check["predicted"] == pytest.approx(check["published"], rel=1e-12)
+
+
+def test_zero3_under_1f1b_holds_the_stage_gradients_and_names_the_last_rank():
+    """`mofa sensitivity` on problems/tuning/llama2_70b_128gpu.yaml moves its best configuration
+    (ZeRO-3, pp 1) to pp 2 and reports 124 GiB less headroom. That is the model, not a unit slip:
+    with one stage per rank under 1F1B every backward on the rank belongs to the same stage, so
+    ZeRO-2/3 reduce-scatters once, after the last one (Llama 3 Figure 4c; PyTorch pipelining
+    defers FSDP's gradient sync to the last backward), and the rank holds its whole stage's
+    unsharded fp32 gradient (~34.5e9 params x 4 B) where pp 1 reduces two layers at a time. With
+    pp = 2 the second rank class is the last rank, and the worst rank is reported as 'last'."""
+    problem = load_problem(str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml"))
+    common = dict(tp=1, mbs=2, zero_stage=3, reshard_after_forward=1, activation_offload=1, dp_overlap=1)
+    batch = ConfigBatch.from_columns(128, pp=2, first_layers=40, last_layers=40, **common)
+    ev = evaluate(problem, batch)
+    row = ev.as_dict(0, batch)
+    assert row["worst_rank"] == "last"
+    stage_params = float(ev.memory_bytes["params"][0]) / 2 * 64  # bf16 weights of ZeRO-3's 1/64 shard, times 64
+    assert float(ev.memory_bytes["grads"][0]) == pytest.approx(4 * stage_params * (1 + 1 / 64), rel=1e-9)
+    flat = evaluate(problem, ConfigBatch.from_columns(128, pp=1, first_layers=80, last_layers=80, **common))
+    assert float(flat.memory_bytes["grads"][0]) < 0.1 * float(ev.memory_bytes["grads"][0])
