@@ -52,6 +52,12 @@ def cluster_problems(problem: Problem) -> list[tuple[ClusterChoice, Problem]]:
     s = problem.search
     names = s.hardware or [problem.hardware.name]
     counts = s.gpu_counts() or [problem.cluster.num_gpus]
+    hardware_of = {}
+    for i, name in enumerate(names):  # unknown GPU names first: a price cannot be missing for a GPU that does not exist
+        try:
+            hardware_of[name] = problem.hardware if name == problem.hardware.name else resolve_hardware(name)
+        except (ValueError, ValidationError) as exc:
+            raise ClusterChoiceError(f"search.hardware[{i}]" if s.hardware else "hardware", str(exc).splitlines()[0]) from None
     needs_price = s.cluster_objective == "cost" or s.budget_cost is not None
     if needs_price and s.price_per_gpu_hour is None:
         why = "objective cost" if s.cluster_objective == "cost" else "budget_cost"
@@ -66,10 +72,7 @@ def cluster_problems(problem: Problem) -> list[tuple[ClusterChoice, Problem]]:
     out = []
     for i, name in enumerate(names):
         where = f"search.hardware[{i}]" if s.hardware else "hardware"
-        try:
-            hardware = problem.hardware if name == problem.hardware.name else resolve_hardware(name)
-        except (ValueError, ValidationError) as exc:
-            raise ClusterChoiceError(where, str(exc).splitlines()[0]) from None
+        hardware = hardware_of[name]
         for n in counts:
             try:
                 cluster = type(problem.cluster).model_validate({**dict(problem.cluster), "num_gpus": n})

@@ -757,6 +757,38 @@ class SearchSpec(Spec):
     budget_gpu_hours: Positive | None = Field(default=None, description="admit only clusters within this many GPU-hours")
     budget_cost: Positive | None = Field(default=None, description="admit only clusters whose cost (price x GPU-hours) is within this")
 
+    @field_validator("num_gpus", mode="before")
+    @classmethod
+    def _range_or_list(cls, v):
+        """One message for the form given (a union's error would list every branch's)."""
+        if isinstance(v, dict):
+            from pydantic import ValidationError
+
+            try:
+                return GpuRange.model_validate(v)
+            except ValidationError as exc:
+                err = exc.errors(include_url=False)[0]
+                where = ".".join(str(x) for x in err["loc"])
+                raise ValueError((f"{where}: " if where else "") + str(err["msg"]).removeprefix("Value error, ")) from None
+        if v is not None and not isinstance(v, list):
+            raise ValueError("must be a list of GPU counts or a range {min, max, step} / {min, max, factor}")
+        return v
+
+    @field_validator("price_per_gpu_hour", mode="before")
+    @classmethod
+    def _price(cls, v):
+        def positive(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+        if v is None or positive(v):
+            return v
+        if isinstance(v, dict):
+            bad = next((k for k, x in v.items() if not positive(x)), None)
+            if bad is None:
+                return v
+            raise ValueError(f"the price of '{bad}' must be a positive number")
+        raise ValueError("must be a positive number or a mapping of GPU preset names to positive numbers")
+
     @field_validator("num_gpus")
     @classmethod
     def _sizes(cls, v):
