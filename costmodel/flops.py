@@ -166,3 +166,21 @@ def convention_flops_per_token(m: ModelSpec, seq_len: int, convention: str = "pa
     if convention == "megatron":
         flops -= router_flops_per_token(m)
     return flops
+
+
+def step_time_floor_s(problem) -> float:
+    """A step time no configuration of `problem` can beat: the least FLOPs a training step
+    executes, spread evenly over every GPU running at the hardware's highest peak. Why it is a
+    floor: the exact model charges each operator its FLOPs at an achieved rate of at most
+    peak_fraction (<= 1, specs.Curve) times a dtype's peak; every token passes through every
+    matmul of its layers forward and backward (3 x 2 FLOPs per parameter it meets), and
+    through attention to at least one key (itself), which is model_flops_per_token at a
+    one-token causal sequence; the slowest rank does at least the average share. Everything
+    else (communication, bubbles, memory-bound work, the optimizer) only adds.
+
+    It is loose (an MFU of 100% and then some), but it is what DFS and exhaustive enumeration,
+    which build no tighter bound, can prove when a time limit stops them (their gap)."""
+    m, tr = problem.model, problem.training
+    flops = model_flops_per_token(m, 1, causal=True) * tr.global_batch_size * tr.seq_len
+    peak = max(problem.hardware.peak_tflops.values()) * 1e12
+    return flops / (problem.cluster.num_gpus * peak)

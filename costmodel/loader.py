@@ -427,7 +427,20 @@ def _finish(data: dict, path: str, overrides: list[str] | None, stem: str) -> Pr
     _check_references(data, path)
     problem = build_problem(data, path)
     check_config(problem, path)
+    check_cluster_choices(problem, path)
     return problem
+
+
+def check_cluster_choices(problem: Problem, path: str) -> None:
+    """Every candidate cluster of `search.num_gpus` / `search.hardware` must be a valid
+    problem (costmodel.cluster_choice): the first that is not is the error."""
+    from costmodel.cluster_choice import ClusterChoiceError, cluster_problems
+
+    if problem.search.chooses_cluster:
+        try:
+            cluster_problems(problem)
+        except ClusterChoiceError as exc:
+            raise ProblemError(path, exc.field, exc.message) from None
 
 
 def build_problem(data: dict, path: str) -> Problem:

@@ -688,6 +688,38 @@ def _positive_sorted(v):
     return v
 
 
+class GpuRange(Spec):
+    """Cluster sizes from `min` to `max`: every `step` GPUs, or (with `factor`) each size
+    `factor` times the last -- what a cluster that grows by whole nodes or by doublings offers."""
+
+    min: Count = Field(gt=0)
+    max: Count = Field(gt=0)
+    step: Count | None = Field(default=None, gt=0, description="arithmetic progression min, min+step, ... <= max")
+    factor: Count | None = Field(default=None, gt=1, description="geometric progression min, min*factor, ... <= max")
+
+    @model_validator(mode="after")
+    def _one_progression(self):
+        if self.max < self.min:
+            raise ValueError(f"max {self.max} is below min {self.min}")
+        if (self.step is None) == (self.factor is None):
+            raise ValueError("give exactly one of step or factor")
+        if len(self.sizes()) > MAX_CLUSTER_SIZES:
+            raise ValueError(f"spans more than {MAX_CLUSTER_SIZES} cluster sizes")
+        return self
+
+    def sizes(self) -> list[int]:
+        out, n = [], self.min
+        while n <= self.max and len(out) <= MAX_CLUSTER_SIZES:
+            out.append(n)
+            n = n + self.step if self.step is not None else n * self.factor
+        return out
+
+
+#: cluster sizes one problem may offer (each is a whole solve)
+MAX_CLUSTER_SIZES = 256
+ClusterObjective = Literal["time_to_train", "gpu_hours", "cost"]
+
+
 class SearchSpec(Spec):
     """Narrowing of the search space; None = every value the rules admit."""
 
@@ -732,6 +764,80 @@ class SearchSpec(Spec):
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
     objective: Literal["step", "e2e"] = "step"
     max_interval: Count = Field(default=100000, gt=0)
+    # choosing the cluster too (issue 11; optimizer.cluster): each listed GPU count and GPU type
+    # is a candidate cluster, solved on its own, and the best is chosen by `cluster_objective`
+    num_gpus: list[Annotated[Count, Field(gt=0)]] | GpuRange | None = Field(
+        default=None, description="cluster sizes to choose from (a list, or {min, max, step} / {min, max, factor}); default cluster.num_gpus only")
+    hardware: list[str] | None = Field(default=None, description="GPU presets to choose from; default the problem's hardware only")
+    price_per_gpu_hour: Positive | dict[str, Positive] | None = Field(
+        default=None, description="price of one GPU-hour (one number, or per GPU preset name): what objective cost and budget_cost need")
+    cluster_objective: ClusterObjective = Field(
+        default="time_to_train", description="how clusters are ranked: time to train (s), GPU-hours or cost (GPU-hours x price)")
+    deadline_hours: Positive | None = Field(default=None, description="admit only clusters whose time to train is within this")
+    budget_gpu_hours: Positive | None = Field(default=None, description="admit only clusters within this many GPU-hours")
+    budget_cost: Positive | None = Field(default=None, description="admit only clusters whose cost (price x GPU-hours) is within this")
+
+    @field_validator("num_gpus", mode="before")
+    @classmethod
+    def _range_or_list(cls, v):
+        """One message for the form given (a union's error would list every branch's)."""
+        if isinstance(v, dict):
+            from pydantic import ValidationError
+
+            try:
+                return GpuRange.model_validate(v)
+            except ValidationError as exc:
+                err = exc.errors(include_url=False)[0]
+                where = ".".join(str(x) for x in err["loc"])
+                raise ValueError((f"{where}: " if where else "") + str(err["msg"]).removeprefix("Value error, ")) from None
+        if v is not None and not isinstance(v, list):
+            raise ValueError("must be a list of GPU counts or a range {min, max, step} / {min, max, factor}")
+        return v
+
+    @field_validator("price_per_gpu_hour", mode="before")
+    @classmethod
+    def _price(cls, v):
+        def positive(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+        if v is None or positive(v):
+            return v
+        if isinstance(v, dict):
+            bad = next((k for k, x in v.items() if not positive(x)), None)
+            if bad is None:
+                return v
+            raise ValueError(f"the price of '{bad}' must be a positive number")
+        raise ValueError("must be a positive number or a mapping of GPU preset names to positive numbers")
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _sizes(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("an empty list admits no cluster")
+            return sorted(set(v))
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_names(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("an empty list admits no cluster")
+            if len(set(v)) != len(v):
+                raise ValueError(f"lists '{next(x for x in v if v.count(x) > 1)}' twice")
+        return v
+
+    @property
+    def chooses_cluster(self) -> bool:
+        """Whether the problem offers more than its own cluster (or ranks/limits clusters)."""
+        return any(x is not None for x in (self.num_gpus, self.hardware, self.deadline_hours, self.budget_gpu_hours, self.budget_cost)) \
+            or self.cluster_objective != "time_to_train"
+
+    def gpu_counts(self) -> list[int] | None:
+        if self.num_gpus is None:
+            return None
+        return list(self.num_gpus) if isinstance(self.num_gpus, list) else self.num_gpus.sizes()
 
     @field_validator("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "pp_group", "cp_a2a", "dp_shard", "recompute_block_layers")
     @classmethod

@@ -129,7 +129,10 @@ def render_solve(problem, out: dict) -> str:
         head += " (certified by the exact model)"
     elif out["gap"] is not None:
         head += f" (gap {100 * out['gap']:.2f}% to the proven bound)"
-    lines = [head, f"solved in {out['solve_time_s']:.2f} s, {out['evaluated']:,} exact evaluations, space of {out['space_size'] or 0:,} configurations", ""]
+    lines = [head, f"solved in {out['solve_time_s']:.2f} s, {out['evaluated']:,} exact evaluations, space of {out['space_size'] or 0:,} configurations"]
+    if (out.get("stats") or {}).get("path"):
+        lines.append(f"path: {out['stats']['path']}")
+    lines.append("")
     if out["status"] == "infeasible":
         lines.append("no admissible configuration: " + (out.get("explanation") or "every candidate breaks a rule or does not fit"))
         return "\n".join(lines)
@@ -155,6 +158,31 @@ def render_solve(problem, out: dict) -> str:
         lines.append(f"step time {best['step_time_s']:.2f} s (calibrated interval {lo:.2f} - {hi:.2f} s)")
     if best.get("lower_bounds_s"):
         lines.append(bounds_line(best["lower_bounds_s"], best["step_time_s"]))
+    return "\n".join(lines)
+
+
+def render_clusters(clusters: dict) -> str:
+    """The candidate clusters of a cluster-choosing solve, and the Pareto front when asked."""
+    def hours(x):
+        return x / 3600 if x is not None else "-"
+
+    def rows_of(items):
+        return [[c["hardware"], c["num_gpus"], c["status"], f"{100 * c['gap']:.2f}%" if c["gap"] is not None else "-", hours(c["time_to_train_s"]),
+                 c["gpu_hours"] if c["gpu_hours"] is not None else "-", c["cost"] if c["cost"] is not None else "-",
+                 100 * c["ettr"] if c["ettr"] is not None else "-", "yes" if c["admitted"] else (c["why_not"] or "no")] for c in items]
+
+    headers = ["hardware", "GPUs", "status", "gap", "train h", "GPU-hours", "cost", "ETTR %", "admitted"]
+    chosen = clusters["chosen"]
+    head = f"clusters ranked by {clusters['objective']}: {clusters['status']}"
+    if clusters["gap"] is not None and clusters["status"] != "optimal":
+        head += f" (gap {100 * clusters['gap']:.2f}% to the proven bound)"
+    head += f"; chosen {chosen['num_gpus']} x {chosen['hardware']}" if chosen else "; no cluster admitted"
+    lines = [head, table(headers, rows_of(clusters["candidates"]), "lrllrrrrl")]
+    if "pareto" in clusters:
+        p = clusters["pareto"]
+        lines += ["", f"Pareto front of (time to train, {'cost' if p['axes'][1] == 'cost' else 'GPUs'}, ETTR): "
+                      + ("certified" if p["certified"] else "not certified (a cluster's solve stopped early)"),
+                  table(headers, rows_of(p["points"]), "lrllrrrrl")]
     return "\n".join(lines)
 
 

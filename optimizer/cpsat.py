@@ -39,10 +39,10 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.configs import ConfigBatch
-from costmodel.evaluate import evaluate, reliability_of_step
+from costmodel.evaluate import evaluate
 from costmodel.specs import Problem
 from costmodel.units import GB
-from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, objective_values
+from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, e2e_of_step, objective_values
 from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SearchSpace
 
 TICK_S = 1e-6  # objective unit: one microsecond (times G)
@@ -342,7 +342,7 @@ def _finish(problem, space, tb, best, objective, complete, proven, clock, evalua
             values = np.zeros(0)
     lower = proven * TICK_S / tb.G
     if objective == "e2e":
-        lower = _e2e_of_step(problem, space, lower) if lower > 0 else 0.0
+        lower = e2e_of_step(problem, lower, space.interval()) if lower > 0 else 0.0
     if top is None:
         state = "infeasible" if complete else "unknown"
     else:
@@ -366,8 +366,3 @@ def _capacities(problem: Problem, G: int) -> tuple[int, int]:
     return gpu, host
 
 
-def _e2e_of_step(problem: Problem, space: SearchSpace, step_s: float) -> float:
-    """End-to-end time of a configuration with this step time (the problem's interval, or
-    eq. 44's): increasing in it, so it maps a step-time bound to an end-to-end bound."""
-    interval = np.array([space.interval()])
-    return float(reliability_of_step(problem, np.array([max(step_s, 1e-9)]), interval)[2][0])

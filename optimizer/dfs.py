@@ -116,11 +116,16 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
                                             row = dict(zip(SKELETON_FIELDS, variant.tolist()))
                                             features(row)
         complete = True
+        interrupted = False
     except _Stop:
-        complete = False
+        complete, interrupted = False, False
+    except KeyboardInterrupt:  # Ctrl-C: the best found so far, with its gap, as a time limit would
+        complete, interrupted = False, True
 
     stats = {"nodes": count["nodes"], "leaves": count["leaves"]}
-    return best.result("dfs", objective, complete, clock, count["leaves"], space.size, stats)
+    if interrupted:
+        stats["interrupted"] = True
+    return best.result("dfs", objective, complete, clock, count["leaves"], space.size, stats, problem=problem, interval=interval)
 
 
 def _feature_prefix_ok(row: dict, assigned: str) -> bool:

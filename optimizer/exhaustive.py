@@ -18,15 +18,20 @@ def solve_exhaustive(problem: Problem, objective: str = "step", top_k: int = 1, 
     best = TopK(top_k, distinct_layouts)
     evaluated = 0
     complete = True
-    for cfg in space.batches(chunk, space.interval()):
-        ok = space.feature_ok(cfg)
-        if not ok.any():
-            continue
-        cfg = cfg.take(np.flatnonzero(ok))
-        ev = evaluate(problem, cfg)
-        evaluated += len(cfg)
-        best.offer(objective_values(ev, objective), cfg)
-        if time_limit_s is not None and clock.elapsed > time_limit_s:
-            complete = False
-            break
-    return best.result("exhaustive", objective, complete, clock, evaluated, space.size)
+    stats = {}
+    try:
+        for cfg in space.batches(chunk, space.interval()):
+            ok = space.feature_ok(cfg)
+            if not ok.any():
+                continue
+            cfg = cfg.take(np.flatnonzero(ok))
+            ev = evaluate(problem, cfg)
+            evaluated += len(cfg)
+            best.offer(objective_values(ev, objective), cfg)
+            if time_limit_s is not None and clock.elapsed > time_limit_s:
+                complete = False
+                break
+    except KeyboardInterrupt:  # Ctrl-C: the best found so far, with its gap, as a time limit would
+        complete = False
+        stats["interrupted"] = True
+    return best.result("exhaustive", objective, complete, clock, evaluated, space.size, stats, problem=problem, interval=space.interval())

@@ -87,13 +87,21 @@ class TopK:
         self.values = values[order]
         self.configs = cfg.take(order)
 
-    def result(self, method: str, objective: str, complete: bool, clock: "Stopwatch", evaluated: int, space_size: int, stats: dict | None = None) -> "SolveResult":
+    def result(self, method: str, objective: str, complete: bool, clock: "Stopwatch", evaluated: int, space_size: int, stats: dict | None = None,
+               problem: Problem | None = None, interval: float = 0.0) -> "SolveResult":
         """The SolveResult of a search that offered everything it scored here: optimal or
-        infeasible when it covered the whole space, feasible or unknown when it stopped early."""
+        infeasible when it covered the whole space, feasible or unknown when it stopped early
+        -- then, given the problem, with the compute floor (floor_objective) as its proven
+        lower bound, so the answer carries its gap."""
+        lower = None
         if self.configs is None:
             status = "infeasible" if complete else "unknown"
         else:
             status = "optimal" if complete else "feasible"
+        if status == "optimal":
+            lower = float(self.values[0])
+        elif status == "feasible" and problem is not None:
+            lower = min(float(self.values[0]), floor_objective(problem, objective, interval))
         return SolveResult(
             method=method,
             objective=objective,
@@ -104,7 +112,25 @@ class TopK:
             evaluated=evaluated,
             space_size=space_size,
             stats=stats or {},
+            lower_bound=lower,
         )
+
+
+def e2e_of_step(problem: Problem, step_s: float, interval: float = 0.0) -> float:
+    """End-to-end time of a configuration with this step time (the given checkpoint interval,
+    or eq. 44's where it is 0): increasing in the step time, so it maps a step-time bound to an
+    end-to-end bound."""
+    from costmodel.evaluate import reliability_of_step
+
+    return float(reliability_of_step(problem, np.array([max(step_s, 1e-9)]), np.array([interval]))[2][0])
+
+
+def floor_objective(problem: Problem, objective: str, interval: float = 0.0) -> float:
+    """The compute floor (costmodel.flops.step_time_floor_s) in the objective's units."""
+    from costmodel.flops import step_time_floor_s
+
+    floor = step_time_floor_s(problem)
+    return floor if objective == "step" else e2e_of_step(problem, floor, interval)
 
 
 @dataclass

@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
                    help="then search the best configuration's heterogeneous pipeline layout (layers per virtual stage, CP-SAT certified "
                         "by the simulated schedule) and launch it with --pipeline-model-parallel-layout where it beats the split (default: off)")
     p.add_argument("--layout-time-limit", type=float, default=10.0, metavar="S", help="time for the layout search (default: 10)")
+    p.add_argument("--pareto", action="store_true",
+                   help="solve every candidate cluster (search.num_gpus, search.hardware) and report the certified Pareto front of "
+                        "(time to train, GPUs or cost, ETTR) (default: off)")
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_convention_option(p)
     add_json_option(p)
@@ -65,7 +68,7 @@ def run(args) -> int:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit, args.distinct_layouts,
-                              args.layout_time_limit if args.pipeline_layouts else None)
+                              args.layout_time_limit if args.pipeline_layouts else None, args.pareto)
     if args.out:
         try:
             write_outputs(problem, out, args.out, plans)
@@ -78,30 +81,51 @@ def run(args) -> int:
         print(render_solve(problem, out))
         if out.get("pipeline_layout"):
             print(render_layout(out["pipeline_layout"]))
+        if out.get("clusters"):
+            from mofa.report import render_clusters
+
+            print()
+            print(render_clusters(out["clusters"]))
         if out.get("exports"):
             print(render_exports(out["exports"]))
     return EXIT_INFEASIBLE if out["status"] in ("infeasible", "unknown") else 0  # nothing to launch
 
 
 def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None,
-                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None):
+                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None, pareto: bool = False):
     """(the JSON result `solve --json` prints and result.json holds, the top configurations'
     typed launch plans): what `mofa solve` and each run of `mofa batch` compute.
     layout_time_limit_s: search the best configuration's pipeline layout for this long
     (optimizer.layout_search; None: no layout search); `pipeline_layout` reports it, and the
-    best plan carries the layout where it beats the configuration's own split."""
+    best plan carries the layout where it beats the configuration's own split. A problem
+    that chooses its cluster (search.num_gpus / search.hardware lists, a cluster objective,
+    deadline or budget), or `pareto`, solves every candidate cluster (optimizer.cluster): the
+    result is the chosen cluster's, with `clusters` listing them all (and the front)."""
     from optimizer.result import ObjectiveError
     from optimizer.search import solve
 
+    clusters = None
     try:
-        result = solve(problem, method, objective, top, time_limit_s, distinct_layouts)
+        if problem.search.chooses_cluster or pareto:
+            from optimizer.cluster import solve_clusters
+
+            clusters = solve_clusters(problem, method, top, time_limit_s, distinct_layouts, pareto, solve)
+            row = clusters.best or clusters.rows[0]
+            problem, result = row.problem, row.result
+        else:
+            result = solve(problem, method, objective, top, time_limit_s, distinct_layouts)
     except ObjectiveError as exc:
         raise ProblemError(source, "search.objective", str(exc)) from None
     out = stamped(finite(result.as_dict(problem)), source)
+    if clusters is not None:
+        out["clusters"] = finite(clusters.as_dict())
+        out["status"], out["gap"], out["solve_time_s"] = clusters.status, clusters.gap, clusters.solve_time_s
+        if clusters.best is None:  # no cluster admitted: nothing to launch
+            out["best"], out["top"] = None, []
     out["distinct_layouts"] = distinct_layouts
     for entry in out["top"]:
         with_interval(problem, entry)
-    plans = result.plans(problem)
+    plans = result.plans(problem) if out["top"] else []
     if layout_time_limit_s is not None and out.get("best"):
         from optimizer.layout_search import layout_report
 
