@@ -33,6 +33,7 @@ NO_COST = {
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_hidden_layers", "n_layer", "hidden_size", "n_embd",
     "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "vocab_size",
     "hidden_act", "activation_function", "attention_bias", "mlp_bias", "bias", "text_config",
+    "pretraining_tp",  # Llama: how the weights were sliced during pretraining, not a different architecture
 }
 #: keys whose effect on cost is small and not modelled: used nowhere, named in the notes
 NOT_MODELLED = {

@@ -19,10 +19,11 @@ from costmodel.presets.hf import model_from_hf_config
 from costmodel.rules import violations
 
 DATA = ROOT / "tests" / "data"
+CONFIGS = ROOT / "costmodel" / "presets" / "hf_configs"  # the presets' bundled config.json files
 
 
 def qwen35():
-    return model_from_hf_config(DATA / "qwen3_5_35b_a3b_config.json")
+    return model_from_hf_config(CONFIGS / "qwen3_5_35b_a3b.json")
 
 
 def test_qwen35_imports_with_its_hybrid_layout():
@@ -58,7 +59,7 @@ def test_qwen35_counts_the_shared_expert():
 def test_gpt_oss_sliding_window_layers():
     """GPT-OSS-120B: 36 layers alternating 128-token sliding-window and full attention; 116.8B
     parameters (OpenAI's model card)."""
-    m = model_from_hf_config(DATA / "gpt_oss_120b_config.json")
+    m = model_from_hf_config(CONFIGS / "gpt_oss_120b.json")
     assert m.sliding_window == 128 and m.layer_kinds()[0] == ("sliding_attention", "moe")
     assert arch.total_params(m) == pytest.approx(116.8e9, rel=0.01)
     s = 8192
