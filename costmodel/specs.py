@@ -121,6 +121,16 @@ class ModelSpec(Spec):
         default=0, ge=0, description="multi-token prediction modules (DeepSeek-V3: 1, HF num_nextn_predict_layers): a layer, a projection and a loss each, after the last layer"
     )
     qk_layernorm: bool = Field(default=False, description="RMSNorm on q and k per head (Qwen3, OLMo 2)")
+    attention_output_gate: bool = Field(
+        default=False,
+        description="gated attention (Qwen3-Next, Qwen3.5; HF attn_output_gate): the query projection also emits a gate of "
+        "the attention output's width, and the core output is multiplied by its sigmoid before the output projection",
+    )
+    attention_sinks: bool = Field(
+        default=False,
+        description="a learned logit per query head added to the softmax's denominator (GPT-OSS): one parameter per head "
+        "and layer; its one extra exponential per score row is not counted",
+    )
 
     @model_validator(mode="after")
     def _consistency(self):

@@ -155,12 +155,13 @@ _register(ModelSpec(
         num_key_heads=16, num_value_heads=32, key_head_dim=128, value_head_dim=128, conv_kernel=4,  # card: 32 V / 16 QK heads of 128; config linear_conv_kernel_dim
     ),
     qk_layernorm=True,  # HF Qwen3_5Moe attention: q_norm and k_norm
+    attention_output_gate=True,  # config attn_output_gate; card: "Gated Attention"
 ))
 
 _register(ModelSpec(
     name="gpt-oss-120b",
     source="HF openai/gpt-oss-120b config.json (hf_configs/gpt_oss_120b.json); gpt-oss model card (arXiv 2508.10925) Table 1: "
-    "116.83B total, 5.13B active; attention sinks (one learned logit per head) not modelled: 64 parameters and one softmax column per layer",
+    "116.83B total, 5.13B active",
     num_layers=36,  # config num_hidden_layers
     hidden_size=2880,
     num_heads=64,
@@ -172,6 +173,7 @@ _register(ModelSpec(
     moe=MoESpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880),  # config num_local_experts, experts_per_token
     layer_types=["sliding_attention", "full_attention"] * 18,  # config layer_types: banded window and dense alternate
     sliding_window=128,  # config sliding_window
+    attention_sinks=True,  # model card: a learned sink logit per head in every attention layer
 ))
 
 _register(ModelSpec(

@@ -34,7 +34,8 @@ def test_qwen35_imports_with_its_hybrid_layout():
     types = [a for a, _ in m.layer_kinds()]
     assert types == (["linear_attention"] * 3 + ["full_attention"]) * 10
     assert all(mlp == "moe" for _, mlp in m.layer_kinds())
-    assert any("attn_output_gate" in n for n in m.notes) and any("vision_config" in n for n in m.notes)
+    assert m.attention_output_gate and any("vision_config" in n for n in m.notes)
+    assert not any("attn_output_gate" in n for n in m.notes)  # modelled now, no longer a note
 
 
 def test_qwen35_attention_flops_count_only_the_full_attention_layers():
@@ -135,3 +136,14 @@ def test_linear_attention_is_not_split_by_context_parallelism():
     assert not violations(problem, ok)["cp_linear_attention"][0] and violations(problem, bad)["cp_linear_attention"][0]
     ev = evaluate(problem, ok)
     assert np.isfinite(ev.step_time_s[0]) and ev.memory_bytes["activations"][0] > 0
+
+
+def test_gated_attention_costs_time_and_memory():
+    """The gate's GEMM columns and its saved tensors (gate logits, ungated output) make a
+    gated-attention layer slower and its activations larger than the same layer without it."""
+    gated = qwen35()
+    plain = gated.model_copy(update={"attention_output_gate": False})
+    cfg = ConfigBatch.from_columns(64, tp=2, cp=1, ep=8, etp=1, first_layers=40, last_layers=40)
+    ev = [evaluate(problem_for(m), cfg) for m in (plain, gated)]
+    assert float(ev[1].step_time_s[0]) > float(ev[0].step_time_s[0])
+    assert float(ev[1].memory_bytes["activations"][0]) > float(ev[0].memory_bytes["activations"][0])

@@ -94,3 +94,22 @@ def test_llama31_405b_counts():
     m = MODELS["llama3.1-405b"]
     assert arch.total_params(m) == pytest.approx(405e9, rel=0.01)
     assert m.vocab_size == 128256 and MODELS["llama3-405b"].vocab_size == 128000  # the released model, not MoFa's Table 4
+
+
+def test_gated_attention_widens_the_query_projection():
+    """Qwen3.5's gated attention: q_proj emits 2 x heads x head_dim (query and gate), so each of
+    the 10 full-attention layers holds h x 16 x 256 more parameters and every token passes
+    through them; the linear-attention layers are unchanged."""
+    m = MODELS["qwen3.5-35b-a3b"]
+    plain = m.model_copy(update={"attention_output_gate": False})
+    full, linear = ("full_attention", "moe"), ("linear_attention", "moe")
+    assert arch.layer_params(m, full) - arch.layer_params(plain, full) == 2048 * 16 * 256
+    assert arch.active_matmul_params(m, full) - arch.active_matmul_params(plain, full) == 2048 * 16 * 256
+    assert arch.layer_params(m, linear) == arch.layer_params(plain, linear)
+    assert arch.total_params(m) - arch.total_params(plain) == 10 * 2048 * 16 * 256
+
+
+def test_attention_sinks_are_one_parameter_per_head():
+    m = MODELS["gpt-oss-120b"]
+    plain = m.model_copy(update={"attention_sinks": False})
+    assert arch.total_params(m) - arch.total_params(plain) == 36 * 64
