@@ -22,7 +22,7 @@ from calibration.resolve import UNEXPLAINED, resolve
 from costmodel.evaluate import evaluate
 from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE, chip_of
 from costmodel.specs import CalibrationStats, HardwareSpec
-from costmodel.units import GIB
+from costmodel.units import FP8_COMPUTE, GIB
 
 #: knob -> (path in HardwareSpec, lower bound, upper bound, prior scale). The prior pulls a knob
 #: toward its documented default in log terms; a knob whose default is 0 (an exponent, a
@@ -61,8 +61,8 @@ def default_knobs(points: list[Point]) -> tuple[str, ...]:
     tr = lambda p: p.problem.training  # noqa: E731
     multi_node = lambda p: p.problem.cluster.num_gpus > p.problem.cluster.gpus_per_node  # noqa: E731
     candidates = {
-        "gemm": count(lambda p: tr(p).dtypes.compute != "fp8"),
-        "fp8_gemm": count(lambda p: tr(p).dtypes.compute == "fp8"),
+        "gemm": count(lambda p: tr(p).dtypes.compute not in FP8_COMPUTE),
+        "fp8_gemm": count(lambda p: tr(p).dtypes.compute in FP8_COMPUTE),
         "attention": count(lambda p: tr(p).attention_impl is None),
         "attention_te": count(lambda p: tr(p).attention_impl == "te"),
         "attention_sdpa": count(lambda p: tr(p).attention_impl == "sdpa"),
@@ -186,14 +186,14 @@ IMPL_KNOBS = {"attention_te": "te", "attention_sdpa": "sdpa", "attention_triton"
 def bears_on(point: Point, knob: str, knobs: tuple[str, ...]) -> bool:
     """Whether a knob can change the point's prediction: an implementation's attention curve
     only its runs, the generic attention curve the runs whose implementation has no knob of its
-    own, fp8 GEMM efficiency only fp8 runs; every other knob all runs."""
+    own, fp8 GEMM efficiency only fp8 and mxfp8 runs; every other knob all runs."""
     tr = point.problem.training
     if knob in IMPL_KNOBS:
         return tr.attention_impl == IMPL_KNOBS[knob]
     if knob == "attention":
         return tr.attention_impl is None or f"attention_{tr.attention_impl}" not in knobs
     if knob == "fp8_gemm":
-        return tr.dtypes.compute == "fp8"
+        return tr.dtypes.compute in FP8_COMPUTE
     return True
 
 

@@ -106,6 +106,9 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "attn_dropout_mask": SavedTag("core_attn", ("core_attn",)),
     "attn_dropout_out": SavedTag("core_attn", ("core_attn",)),
     "attn_out": SavedTag("attn_proj"),
+    # gated attention (attention_output_gate): the gate logits and the ungated core output
+    "attn_gate": SavedTag("attn_proj"),
+    "attn_core_out": SavedTag("attn_proj"),
     "attn_proj_dropout_mask": SavedTag("attn_proj"),
     "ln2_input": SavedTag("mlp_norm"),
     "mlp_input": SavedTag("mlp_norm", ("layernorm",)),
@@ -222,7 +225,9 @@ def attention_params(m: ModelSpec, attention: str = "full_attention") -> tuple[i
         out = a * mla.v_head_dim * h
         return q_up + kv_up + out, q_down + kv_down + qk_norm
     a, kv, d, _ = attention_dims(m)
-    return h * a * d + 2 * h * kv * d + a * d * h, qk_norm
+    gate = h * a * d if m.attention_output_gate else 0  # the query projection's second half
+    sinks = a if m.attention_sinks else 0  # one logit per head, split with the heads
+    return h * a * d + gate + 2 * h * kv * d + a * d * h + sinks, qk_norm
 
 
 def mlp_params(m: ModelSpec, ffn: int) -> int:
@@ -350,7 +355,8 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
         ops.append(MemoryOp("kv_norm", 2 * D * T * mla.kv_lora_rank))
         first_gemm = "q_down" if mla.q_lora_rank else "q_proj"
     else:
-        gemms.append(Gemm("qkv", T, (a_t + 2 * kv_t) * dqk, np.full_like(T, h)))
+        gate_t = a_t if m.attention_output_gate else 0.0 * a_t  # gated attention: q_proj also emits the gate
+        gemms.append(Gemm("qkv", T, (a_t + gate_t + 2 * kv_t) * dqk, np.full_like(T, h)))
         first_gemm = "qkv"
     saved["qkv_input"] = D * Tsp * h  # norm output, sharded by SP (re-gathered in backward)
     # Q, K, V as the attention kernel reads them (Korthikanti: "QK^T needs Q and K", "V")
@@ -375,6 +381,10 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
             saved["attn_dropout_out"] = D * scores
             ops.append(MemoryOp("attention_dropout", 3 * D * scores, ("core_attn",)))
     saved["attn_out"] = D * T * a_t * dv  # output-projection input
+    if m.attention_output_gate and m.mla is None:
+        saved["attn_gate"] = D * T * a_t * dv  # sigmoid input
+        saved["attn_core_out"] = D * T * a_t * dv  # the product's other factor
+        ops.append(MemoryOp("output_gate", 3 * D * T * a_t * dv))  # read core output and gate, write
     gemms.append(Gemm("o_proj", T, np.full_like(T, h), a_t * dv))
     ops.append(MemoryOp("attention_residual", 3 * D * Tsp * h))
     if m.dropout:

@@ -20,6 +20,10 @@ with L the query tokens of one call, its backward `attention_backward_ratio` tim
 forward; each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton) may have
 its own curve. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
 attention and everything else stay in bf16 (Transformer Engine's and torchao's behaviour).
+MXFP8 is timed the same way, at the peak the GPU lists for it: Blackwell's tensor cores take
+the E8M0 block scales inside the MMA at the dense fp8 rate (NVIDIA Blackwell datasheets list
+one "FP8/FP6" rate for both), so it costs no more than per-tensor fp8 there; the quantization
+kernels of either recipe are not modelled.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 
 from costmodel.architecture import Gemm
 from costmodel.specs import Curve, HardwareSpec
-from costmodel.units import GB, TFLOP, US
+from costmodel.units import FP8_COMPUTE, GB, TFLOP, US
 
 
 class ComputeModel:
@@ -36,7 +40,7 @@ class ComputeModel:
         self.hw = hw
         self.eff = hw.efficiency
         self.attention_curve = self.eff.attention_impls.get(attention_impl, self.eff.attention) if attention_impl else self.eff.attention
-        self.fp8 = compute_dtype == "fp8"
+        self.fp8 = compute_dtype in FP8_COMPUTE
         self.peak = hw.peak(compute_dtype) * TFLOP  # GEMMs
         self.attention_peak = hw.peak("bf16" if self.fp8 and "bf16" in hw.peak_tflops else compute_dtype) * TFLOP
         self.hbm = hw.memory_bandwidth_gb_per_s * GB

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from costmodel.units import DTYPE_BYTES, MIB
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+#: a GEMM input dtype: a storage dtype, or MXFP8 (block-scaled fp8, Blackwell tensor cores only)
+ComputeDtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8"]
 FeatureMode = Literal["allowed", "on", "off"]
 RecomputeMode = Literal["none", "selective", "full"]
 AttentionType = Literal["full_attention", "sliding_attention", "linear_attention"]
@@ -119,6 +121,16 @@ class ModelSpec(Spec):
         default=0, ge=0, description="multi-token prediction modules (DeepSeek-V3: 1, HF num_nextn_predict_layers): a layer, a projection and a loss each, after the last layer"
     )
     qk_layernorm: bool = Field(default=False, description="RMSNorm on q and k per head (Qwen3, OLMo 2)")
+    attention_output_gate: bool = Field(
+        default=False,
+        description="gated attention (Qwen3-Next, Qwen3.5; HF attn_output_gate): the query projection also emits a gate of "
+        "the attention output's width, and the core output is multiplied by its sigmoid before the output projection",
+    )
+    attention_sinks: bool = Field(
+        default=False,
+        description="a learned logit per query head added to the softmax's denominator (GPT-OSS): one parameter per head "
+        "and layer; its one extra exponential per score row is not counted",
+    )
 
     @model_validator(mode="after")
     def _consistency(self):
@@ -292,7 +304,9 @@ class EfficiencyProfile(Spec):
 class HardwareSpec(Spec):
     name: str
     source: str = ""
-    peak_tflops: dict[Dtype, Positive] = Field(description="dense tensor-core peak per dtype, per GPU")
+    peak_tflops: dict[ComputeDtype, Positive] = Field(
+        description="dense tensor-core peak per dtype, per GPU; mxfp8 only where the tensor cores apply MX block scales (Blackwell)"
+    )
     memory_mib: Count = Field(
         gt=0,
         description="device memory as the GPU exposes it, in MiB (nvidia-smi's 'Total'; an '80 GB' H100 SXM shows "
@@ -408,7 +422,12 @@ class DtypeSpec(Spec):
     )
     optimizer: Dtype = Field(default="fp32", description="master weights and Adam moments (D_opt)")
     activations: Dtype = "bf16"
-    compute: Dtype = Field(default="bf16", description="GEMM input dtype; fp8 uses the fp8 peak")
+    compute: ComputeDtype = Field(
+        default="bf16",
+        description="GEMM input dtype; fp8 (per-tensor scaling, Transformer Engine's delayed or current scaling) and "
+        "mxfp8 (MXFP8: E4M3 with an E8M0 scale per 32 elements, Transformer Engine's MXFP8BlockScaling on Blackwell) "
+        "run GEMMs at the GPU's fp8 peak with the fp8_gemm efficiency; attention and the rest stay in bf16",
+    )
 
 
 Imbalance = Annotated[float, Field(ge=1)] | Literal["worst"]
@@ -978,6 +997,11 @@ class Problem(Spec):
     @model_validator(mode="after")
     def _compute_dtype_has_a_peak(self):
         dtype = self.training.dtypes.compute
+        if dtype == "mxfp8" and dtype not in self.hardware.peak_tflops:
+            raise ValueError(
+                f"training.dtypes.compute: mxfp8 needs tensor cores that apply MX block scales (Blackwell: b200, gb200); "
+                f"{self.hardware.name} has none{' -- use fp8 (per-tensor scaling)' if 'fp8' in self.hardware.peak_tflops else ''}"
+            )
         if dtype not in self.hardware.peak_tflops:
             raise ValueError(f"training.dtypes.compute: {self.hardware.name} has no peak for {dtype} (it lists {', '.join(self.hardware.peak_tflops)})")
         return self

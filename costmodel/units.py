@@ -13,7 +13,12 @@ US = 1e-6
 SECONDS_PER_DAY = 86400.0
 
 #: bytes per element of the data types a problem file may name
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1}
+#: GEMM input dtypes that run at a GPU's fp8 rate: fp8 with per-tensor scaling (Transformer
+#: Engine's delayed / current scaling) and MXFP8, E4M3 values with one power-of-two (E8M0)
+#: scale per 32 consecutive elements (OCP Microscaling Formats spec v1.0), which Blackwell's
+#: tensor cores apply in the MMA. MXFP8's scales add 1/32 byte per element, not counted.
+FP8_COMPUTE = ("fp8", "mxfp8")
 
 
 def optimizer_state_bytes(d_para: int, d_opt: int) -> int:

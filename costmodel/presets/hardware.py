@@ -172,26 +172,29 @@ _register(HardwareSpec(
 
 _register(HardwareSpec(
     name="h200",
-    source="NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, H100 tensor peaks, NVLink 900 GB/s",
-    peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},
+    source="NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, H100 tensor peaks, NVLink 900 GB/s; NVIDIA DGX H200 datasheet: 2 TB host memory, 8 x 400 Gb/s ConnectX-7",
+    peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979, "tf32": 495, "fp32": 67},  # H200 datasheet (dense: half the sparsity figures)
     sm_count=132,  # H200: the H100 SXM die, 132 SMs
     chip="gh100",
     memory_mib=143771,  # nvidia-smi on H200: 143,771 MiB (141 GB)
-    memory_bandwidth_gb_per_s=4800,
-    host_memory_gb_per_node=2048,
-    h2d_gb_per_s=64,
+    memory_bandwidth_gb_per_s=4800,  # H200 datasheet: 4.8 TB/s HBM3e
+    host_memory_gb_per_node=2048,  # DGX H200: 2 TB
+    h2d_gb_per_s=64,  # PCIe Gen5 x16
     d2h_gb_per_s=64,
-    intra_node_gb_per_s=450,
-    inter_node_gb_per_s=50,
-    cpu_optimizer_params_per_s=1.3e9,
+    intra_node_gb_per_s=450,  # H200 datasheet: NVLink 900 GB/s bidirectional
+    inter_node_gb_per_s=50,  # DGX H200: 8 x 400 Gb/s ConnectX-7 per node
+    cpu_optimizer_params_per_s=1.3e9,  # as H100 SXM
     efficiency=_H100_EFF,
 ))
 
 _register(HardwareSpec(
     name="b200",
     source="NVIDIA DGX B200 datasheet: 1,440 GB GPU memory over 8 GPUs, 64 TB/s HBM3e, 72 PFLOPS fp8 training (dense 4.5 PF/GPU), NVLink5 1.8 TB/s; calibration.yaml hw.B200",
-    peak_tflops={"bf16": 2250, "fp16": 2250, "fp8": 4500, "tf32": 1100, "fp32": 75},
+    # dense peaks: the HGX B200 datasheet's sparsity figures halved; MXFP8 at the FP8 rate
+    # (Blackwell datasheets list one FP8/FP6 rate, MX block scaling included; units.FP8_COMPUTE)
+    peak_tflops={"bf16": 2250, "fp16": 2250, "fp8": 4500, "mxfp8": 4500, "tf32": 1100, "fp32": 75},
     sm_count=148,  # B200: 148 SMs (2 dies x 74)
+    chip="gb100",  # the Blackwell die, shared with GB200 (one calibrated profile)
     memory_mib=183359,  # nvidia-smi on DGX B200: 183,359 MiB (179 GiB of the nominal 180 GB)
     memory_bandwidth_gb_per_s=8000,
     host_memory_gb_per_node=4096,  # DGX B200: 4 TB
@@ -202,6 +205,36 @@ _register(HardwareSpec(
     cpu_optimizer_params_per_s=1.3e9,
     efficiency=EfficiencyProfile(
         source="defaults before calibration, as H100",
+        gemm=Curve(peak_fraction=0.75),
+        grouped_gemm=Curve(peak_fraction=0.65),
+        attention=Curve(peak_fraction=0.5),
+    ),
+))
+
+
+_register(HardwareSpec(
+    name="gb200",
+    source="NVIDIA GB200 NVL72 datasheet (72 Blackwell GPUs, 36 Grace CPUs in one NVLink domain): 13.4 TB HBM3e at 576 TB/s, "
+    "130 TB/s NVLink, FP8 720 PF and BF16 360 PF with sparsity, 17 TB LPDDR5X; per GPU: 186 GB at 8 TB/s, NVLink 5 1.8 TB/s. "
+    "The 72-GPU NVLink domain is the cluster's supernode level (problem files: cluster.supernode_size 72); a node is one "
+    "compute tray (2 GB200 superchips, 4 GPUs)",
+    # dense peaks per GPU: the NVL72 datasheet's sparsity figures / 72 / 2; MXFP8 at the FP8 rate as on B200
+    peak_tflops={"bf16": 2500, "fp16": 2500, "fp8": 5000, "mxfp8": 5000, "tf32": 1250},
+    sm_count=148,  # assumption: the B200 die's 148 SMs (the datasheet gives none)
+    chip="gb100",  # B200-class: the same Blackwell die, one calibrated profile with b200
+    # the datasheet's 186 GB at B200's exposed/nominal ratio (183,359 MiB for 180 GB): 186 x 183,359 / 180 = 189,471 MiB;
+    # not read from nvidia-smi on a GB200 (none was available)
+    memory_mib=189471,
+    memory_bandwidth_gb_per_s=8000,  # 576 TB/s / 72
+    host_memory_gb_per_node=960,  # 2 Grace CPUs per tray x 480 GB LPDDR5X (17 TB per rack / 36)
+    # NVLink-C2C: 900 GB/s bidirectional between a Grace CPU and its two GPUs; assumed shared evenly: 225 GB/s per direction
+    h2d_gb_per_s=225,
+    d2h_gb_per_s=225,
+    intra_node_gb_per_s=900,  # NVLink 5: 1.8 TB/s bidirectional per GPU (130 TB/s / 72), the same inside the tray and across the rack
+    inter_node_gb_per_s=50,  # GB200 NVL72 reference design: one 400 Gb/s ConnectX-7 per GPU for the scale-out fabric
+    cpu_optimizer_params_per_s=1.3e9,  # assumption: as B200 (no CPU-Adam rate measured on Grace's Neoverse V2 cores; 36 per GPU)
+    efficiency=EfficiencyProfile(
+        source="defaults before calibration, as B200",
         gemm=Curve(peak_fraction=0.75),
         grouped_gemm=Curve(peak_fraction=0.65),
         attention=Curve(peak_fraction=0.5),

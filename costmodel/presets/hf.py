@@ -33,11 +33,11 @@ NO_COST = {
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_hidden_layers", "n_layer", "hidden_size", "n_embd",
     "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "vocab_size",
     "hidden_act", "activation_function", "attention_bias", "mlp_bias", "bias", "text_config",
+    "pretraining_tp",  # Llama: how the weights were sliced during pretraining, not a different architecture
 }
 #: keys whose effect on cost is small and not modelled: used nowhere, named in the notes
 NOT_MODELLED = {
     "scoring_func": "the router's scoring function (softmax or sigmoid) changes a few elementwise ops",
-    "attn_output_gate": "the attention output gate (Qwen3.5 gated attention) adds one elementwise product",
     "n_group": "group-limited routing is modelled through topk_group (max nodes per token)",
 }
 QK_NORM_MODELS = {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "olmo2", "olmoe"}
@@ -85,6 +85,8 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         position_embedding="learned" if gpt2 else "rope",
         qk_layernorm=bool(cfg.get("qk_layernorm") or cfg.get("use_qk_norm") or model_type in QK_NORM_MODELS),
         mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        attention_output_gate=bool(cfg.get("attn_output_gate")),
+        attention_sinks=model_type == "gpt_oss",  # GptOssAttention.sinks: no config key, always there
     )
     if cfg.get("kv_lora_rank"):
         data["mla"] = dict(

@@ -1,7 +1,7 @@
 """Model presets. Each value names its source; MoFa Table 4 values win where they differ from a
 Hugging Face config (the experiments it reproduces used them)."""
 
-from costmodel.specs import MLASpec, ModelSpec, MoESpec
+from costmodel.specs import LinearAttentionSpec, MLASpec, ModelSpec, MoESpec
 
 MODELS: dict[str, ModelSpec] = {}
 
@@ -35,8 +35,9 @@ _register(ModelSpec(
 
 _register(ModelSpec(
     name="deepseek-v3",
-    source="MoFa Table 4; DeepSeek-V3 technical report (arXiv 2412.19437) sections 2.1, 4.2; HF deepseek-ai/DeepSeek-V3 config.json",
-    num_layers=61,  # report 4.2: 61 transformer layers (MTP module not modelled)
+    source="MoFa Table 4; DeepSeek-V3 technical report (arXiv 2412.19437) sections 2.1, 2.2, 4.2; HF deepseek-ai/DeepSeek-V3 config.json "
+    "(hf_configs/deepseek_v3.json); README_WEIGHTS.md: 671B main model + 11.5B MTP module (embedding and head shared)",
+    num_layers=61,  # report 4.2: 61 transformer layers (the MTP module is mtp_layers below)
     hidden_size=7168,
     num_heads=128,
     ffn_hidden_size=18432,  # dense layers' intermediate size
@@ -129,6 +130,74 @@ _register(ModelSpec(
     vocab_size=151936,
     moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
     qk_layernorm=True,  # HF Qwen3MoeAttention: q_norm and k_norm
+))
+
+_register(ModelSpec(
+    name="qwen3.5-35b-a3b",
+    source="HF Qwen/Qwen3.5-35B-A3B config.json text_config (hf_configs/qwen3_5_35b_a3b.json); model card: 35B total, 3B activated, "
+    "hidden layout 10 x (3 x (Gated DeltaNet -> MoE) -> 1 x (Gated Attention -> MoE)); MTP layer (mtp_num_hidden_layers 1) not modelled",
+    num_layers=40,  # card: 40 layers
+    hidden_size=2048,  # card: hidden dimension 2048
+    num_heads=16,  # card: Gated Attention, 16 Q heads
+    num_kv_heads=2,  # card: 2 KV heads
+    head_dim=256,  # card: head dimension 256
+    ffn_hidden_size=512,  # config: no intermediate_size (every layer is MoE); the expert width stands in, used by no layer
+    vocab_size=248320,  # card: token embedding 248,320 (padded)
+    moe=MoESpec(
+        num_experts=256,  # card: 256 experts
+        top_k=8,  # card: 8 routed
+        expert_ffn_hidden_size=512,  # card: expert intermediate dimension 512
+        num_shared_experts=1,  # card: + 1 shared
+        shared_expert_ffn_hidden_size=512,  # config: shared_expert_intermediate_size
+    ),
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 10,  # config layer_types (full_attention_interval 4)
+    linear_attention=LinearAttentionSpec(
+        num_key_heads=16, num_value_heads=32, key_head_dim=128, value_head_dim=128, conv_kernel=4,  # card: 32 V / 16 QK heads of 128; config linear_conv_kernel_dim
+    ),
+    qk_layernorm=True,  # HF Qwen3_5Moe attention: q_norm and k_norm
+    attention_output_gate=True,  # config attn_output_gate; card: "Gated Attention"
+))
+
+_register(ModelSpec(
+    name="gpt-oss-120b",
+    source="HF openai/gpt-oss-120b config.json (hf_configs/gpt_oss_120b.json); gpt-oss model card (arXiv 2508.10925) Table 1: "
+    "116.83B total, 5.13B active",
+    num_layers=36,  # config num_hidden_layers
+    hidden_size=2880,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=64,
+    ffn_hidden_size=2880,  # config intermediate_size: each expert's width (no dense layer)
+    vocab_size=201088,  # o200k_harmony, padded
+    linear_bias=True,  # config attention_bias; the experts carry biases too (not counted, as for every model)
+    moe=MoESpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880),  # config num_local_experts, experts_per_token
+    layer_types=["sliding_attention", "full_attention"] * 18,  # config layer_types: banded window and dense alternate
+    sliding_window=128,  # config sliding_window
+    attention_sinks=True,  # model card: a learned sink logit per head in every attention layer
+))
+
+_register(ModelSpec(
+    name="mixtral-8x22b",
+    source="HF mistralai/Mixtral-8x22B-v0.1 config.json (hf_configs/mixtral_8x22b.json); Mistral AI announcement: 141B parameters, 39B active",
+    num_layers=56,
+    hidden_size=6144,
+    num_heads=48,
+    num_kv_heads=8,
+    ffn_hidden_size=16384,
+    vocab_size=32000,
+    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384),  # config num_local_experts 8, num_experts_per_tok 2
+))
+
+_register(ModelSpec(
+    name="llama3.1-405b",
+    source="HF meta-llama/Llama-3.1-405B config.json (hf_configs/llama3_1_405b.json); model card: 405B. Unlike llama3-405b "
+    "(MoFa Table 4's vocabulary of 128,000) this is the released model",
+    num_layers=126,
+    hidden_size=16384,
+    num_heads=128,
+    num_kv_heads=8,
+    ffn_hidden_size=53248,
+    vocab_size=128256,
 ))
 
 _register(ModelSpec(

@@ -51,8 +51,8 @@ def check(plan: LaunchPlan) -> None:
         refuse(NAME, f"full recompute {p.recompute_method} {p.recompute_num_layers}: the exporter writes one checkpoint per layer")
     if p.activation_offload:
         refuse(NAME, "activation offload without recompute: DeepSpeed's cpu_checkpointing offloads checkpointed activations only")
-    if dt.compute == "fp8":
-        refuse(NAME, "fp8 GEMMs need Transformer Engine in the model code")
+    if dt.compute in ("fp8", "mxfp8"):
+        refuse(NAME, f"{dt.compute} GEMMs need Transformer Engine in the model code")
     if dt.params not in DTYPE or dt.grads not in ("fp32", "bf16"):
         refuse(NAME, f"parameters in {dt.params} with gradients accumulated in {dt.grads}")
     if dt.optimizer != "fp32":

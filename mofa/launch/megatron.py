@@ -188,6 +188,8 @@ def megatron_arg_groups(plan: LaunchPlan) -> list[list[str]]:
     out.append(["--accumulate-allreduce-grads-in-fp32"] if dt.grads == "fp32" else ["--grad-reduce-in-bf16"])
     if dt.compute == "fp8":
         out += [["--fp8-format", "hybrid"]]
+    elif dt.compute == "mxfp8":  # Megatron-Core's MXFP8 recipe (Transformer Engine MXFP8BlockScaling, Blackwell)
+        out += [["--fp8-format", "e4m3"], ["--fp8-recipe", "mxfp8"]]
     if p.attention_kernel == "unfused":
         out.append(["--attention-backend", "unfused"])
     if p.checkpoint_interval is not None:

@@ -19,10 +19,11 @@ from costmodel.presets.hf import model_from_hf_config
 from costmodel.rules import violations
 
 DATA = ROOT / "tests" / "data"
+CONFIGS = ROOT / "costmodel" / "presets" / "hf_configs"  # the presets' bundled config.json files
 
 
 def qwen35():
-    return model_from_hf_config(DATA / "qwen3_5_35b_a3b_config.json")
+    return model_from_hf_config(CONFIGS / "qwen3_5_35b_a3b.json")
 
 
 def test_qwen35_imports_with_its_hybrid_layout():
@@ -33,7 +34,8 @@ def test_qwen35_imports_with_its_hybrid_layout():
     types = [a for a, _ in m.layer_kinds()]
     assert types == (["linear_attention"] * 3 + ["full_attention"]) * 10
     assert all(mlp == "moe" for _, mlp in m.layer_kinds())
-    assert any("attn_output_gate" in n for n in m.notes) and any("vision_config" in n for n in m.notes)
+    assert m.attention_output_gate and any("vision_config" in n for n in m.notes)
+    assert not any("attn_output_gate" in n for n in m.notes)  # modelled now, no longer a note
 
 
 def test_qwen35_attention_flops_count_only_the_full_attention_layers():
@@ -58,7 +60,7 @@ def test_qwen35_counts_the_shared_expert():
 def test_gpt_oss_sliding_window_layers():
     """GPT-OSS-120B: 36 layers alternating 128-token sliding-window and full attention; 116.8B
     parameters (OpenAI's model card)."""
-    m = model_from_hf_config(DATA / "gpt_oss_120b_config.json")
+    m = model_from_hf_config(CONFIGS / "gpt_oss_120b.json")
     assert m.sliding_window == 128 and m.layer_kinds()[0] == ("sliding_attention", "moe")
     assert arch.total_params(m) == pytest.approx(116.8e9, rel=0.01)
     s = 8192
@@ -134,3 +136,14 @@ def test_linear_attention_is_not_split_by_context_parallelism():
     assert not violations(problem, ok)["cp_linear_attention"][0] and violations(problem, bad)["cp_linear_attention"][0]
     ev = evaluate(problem, ok)
     assert np.isfinite(ev.step_time_s[0]) and ev.memory_bytes["activations"][0] > 0
+
+
+def test_gated_attention_costs_time_and_memory():
+    """The gate's GEMM columns and its saved tensors (gate logits, ungated output) make a
+    gated-attention layer slower and its activations larger than the same layer without it."""
+    gated = qwen35()
+    plain = gated.model_copy(update={"attention_output_gate": False})
+    cfg = ConfigBatch.from_columns(64, tp=2, cp=1, ep=8, etp=1, first_layers=40, last_layers=40)
+    ev = [evaluate(problem_for(m), cfg) for m in (plain, gated)]
+    assert float(ev[1].step_time_s[0]) > float(ev[0].step_time_s[0])
+    assert float(ev[1].memory_bytes["activations"][0]) > float(ev[0].memory_bytes["activations"][0])
