@@ -5,7 +5,6 @@ a 4-layer Llama 3.1 8B, one GPU, no communication. Its rows were never in a cali
 from pathlib import Path
 
 import numpy as np
-import pytest
 import yaml
 
 from calibration.data import load_source
@@ -51,15 +50,16 @@ def test_peak_memory_of_what_fit_within_10_percent():
     assert min(fused_errors) < -0.25
 
 
-def test_step_times_out_of_sample_within_stated_bounds():
-    """The calibrated H100 profile was fitted before these rows existed. Its step times are low
-    on every row (eager PyTorch's unfused norms, RoPE and SwiGLU, autocast weight casts and
-    Python launch gaps are not in the model): median error within 12%, worst within 25%
-    (measured 10.6% MAPE, worst -21.2%, at 2,048 tokens per step where per-kernel costs weigh most)."""
+def test_step_times_within_stated_bounds():
+    """The calibrated H100 profile is fitted on these rows with every other H100 source; held out
+    by source (results/reference/calibrate_h100-sxm.txt) they are predicted at 7.0% MAPE, and
+    before they existed the profile of the time predicted them all low, by 10.6% (eager
+    PyTorch's unfused kernels and launch gaps: the fit's per-kernel overhead rose from 10.7 to
+    29.5 us with them, and the other sources' held-out errors fell with it). In sample: median
+    error within 6%, worst within 15% (measured 4.2% MAPE, worst 11.2%)."""
     errors = []
     for point in load_source(str(SOURCE)).points:
         cfg, _ = resolve(point)
         errors.append(float(evaluate(point.problem, cfg).step_time_s[0]) / point.step_time_s() - 1)
-    errors = np.array(errors)
-    assert np.median(np.abs(errors)) < 0.12 and np.abs(errors).max() < 0.25
-    assert (errors < 0).all()
+    errors = np.abs(np.array(errors))
+    assert np.median(errors) < 0.06 and errors.max() < 0.15
