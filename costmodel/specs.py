@@ -710,6 +710,11 @@ class SearchSpec(Spec):
         description="MemFine FCDA chunk counts to try on MoE models (e.g. [1, 2, 4, 8] or ['auto']); default no chunking",
     )
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
+    framework: Literal["any", "megatron", "megatron-bridge", "torchtitan", "deepspeed"] = Field(
+        default="any",
+        description="search only what this framework runs (costmodel.frameworks: the rules its exporter refuses by); "
+        "any: every configuration the model's own rules admit",
+    )
     objective: Literal["step", "e2e"] = "step"
     max_interval: Count = Field(default=100000, gt=0)
 

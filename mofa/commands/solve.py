@@ -26,12 +26,24 @@ def add_arguments(p) -> None:
     p.add_argument("--top", type=int, default=1, metavar="K", help="report the K best configurations")
     add_distinct_option(p)
     p.add_argument("--time-limit", type=float, metavar="S", help="stop the search after S seconds (default: no limit)")
+    add_framework_option(p)
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_json_option(p)
     p.add_argument("--out", metavar="DIR",
                    help="write result.json, best.yaml and the best configuration's launch files (megatron_launch.sh, bridge_overrides.txt, "
                         "torchtitan_launch.sh, deepspeed_config.json; export_errors.txt says which formats were refused and why) here, "
                         "replacing the folder's previous set (default: write nothing)")
+
+
+def add_framework_option(p) -> None:
+    p.add_argument("--framework", choices=("any", "megatron", "megatron-bridge", "torchtitan", "deepspeed"),
+                   help="search only what this framework runs, by the rules its exporter refuses by (sets search.framework; "
+                        "default: the problem's, else any)")
+
+
+def framework_override(args) -> list[str]:
+    """--framework as the --set override of search.framework it stands for."""
+    return [f"search.framework={args.framework}"] if getattr(args, "framework", None) else []
 
 
 def add_distinct_option(p) -> None:
@@ -49,7 +61,7 @@ def run(args) -> int:
     if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
         print("mofa solve: --time-limit must be positive", file=sys.stderr)
         return 2
-    problem = load_for_search(args.problem, args.set)
+    problem = load_for_search(args.problem, args.set + framework_override(args))
     if args.out:
         try:
             check_target(args.out, OUTPUT_FILES)  # refuse a folder of other files before searching
