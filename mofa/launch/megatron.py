@@ -209,6 +209,7 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         f"model.context_parallel_size={p.cp}",
         f"model.sequence_parallel={mode_of(p.sequence_parallel)}",
         f"model.seq_length={p.seq_len}",
+        f"dataset.sequence_length={p.seq_len}",  # GPTDatasetConfig's field (seq_length is its alias): validate() asserts the two agree
         f"train.micro_batch_size={p.micro_batch_size}",
         f"train.global_batch_size={p.global_batch_size}",
         f"train.train_iters={p.train_iters}",
