@@ -5,6 +5,7 @@ and rejects deliberately broken ones. The Bridge runs in a process of its own
 (bridge_check.py: a Transformer Engine stand-in, an offline Hugging Face cache), once for all
 the files."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -13,9 +14,14 @@ import sys
 
 import pytest
 
-from shipped_exports import accepted, coverage, need
+from shipped_exports import accepted, coverage
 
-need("megatron.bridge.recipes")  # the module file, found without importing it (it needs Transformer Engine)
+# found, not imported: importing it needs the Transformer Engine stand-in, which only the
+# checker's own process gets
+if importlib.util.find_spec("megatron.bridge") is None:
+    if os.environ.get("MOFA_FRAMEWORK_TESTS") == "1":
+        raise ImportError("megatron.bridge is not installed (tests/frameworks/requirements-nodeps.txt)")
+    pytest.skip("megatron-bridge is not installed (the framework environment: .ci/frameworks)", allow_module_level=True)
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
