@@ -234,8 +234,9 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         groups = expert_groups(p)
         if groups:
             out += [f"model.moe_router_num_groups={groups}", f"model.moe_router_group_topk={m.moe.max_nodes_per_token}"]
-    if p.zero_stage >= 2:
-        out += ["ddp.use_megatron_fsdp=true", f"ddp.data_parallel_sharding_strategy={FSDP_STRATEGY[p.zero_stage]}"]
+    if p.zero_stage >= 2:  # Megatron-FSDP saves only its own DTensor checkpoints (Bridge 0.3.1 ConfigContainer.validate())
+        out += ["ddp.use_megatron_fsdp=true", f"ddp.data_parallel_sharding_strategy={FSDP_STRATEGY[p.zero_stage]}",
+                "checkpoint.ckpt_format=fsdp_dtensor"]
     if p.zero_stage == 1 and p.hsdp:
         out.append(f"ddp.num_distributed_optimizer_instances={p.dp_replicate}")
     if p.cp > 1:

@@ -60,9 +60,11 @@ def recipe(model: str):
 #: the models of the shipped results. (The 8B recipes carry no CommOverlapConfig, so the
 #: exported comm_overlap.* overrides cannot apply to them: a Hydra dotlist cannot create it.)
 RECIPES = ("llama3-405b", "deepseek-v3", "llama2-70b")
-#: appended to every case: Megatron-Core refuses rope fusion without Transformer Engine, which a
-#: launch has and this machine lacks (framework_validation.md: Megatron-LM's --no-rope-fusion)
-MACHINE = ["model.apply_rope_fusion=false"]
+#: appended to every case: two fused kernels Megatron-Core refuses to configure without Transformer
+#: Engine, which a launch has and this machine lacks (framework_validation.md: Megatron-LM's
+#: --no-rope-fusion): RoPE fusion, and the MoE permutation fusion the DeepSeek-V3 recipe turns on.
+#: Performance switches only; nothing the exporter writes.
+MACHINE = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
 
 
 def check(case: dict) -> str:
@@ -78,6 +80,17 @@ def check(case: dict) -> str:
     return "ok"
 
 
+class H100Properties:
+    """What torch.cuda.get_device_properties(0) answers on an H100 (SM 9.0), the shipped problems'
+    GPU class: the DeepSeek-V3 recipe asks the device whether DeepEP applies, and this machine
+    has no GPU (framework_validation.md: Megatron-LM's own device query is patched the same way)."""
+
+    name = "NVIDIA H100 80GB HBM3"
+    major, minor = 9, 0
+    total_memory = 81559 * 2**20
+    multi_processor_count = 132
+
+
 def main() -> int:
     cases = json.load(sys.stdin)
     os.environ["HF_HOME"] = seed_hf_cache()
@@ -90,6 +103,9 @@ def main() -> int:
     import megatron.core.models.gpt  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.transformer  # noqa: F401
+    import torch
+
+    torch.cuda.get_device_properties = lambda device=None: H100Properties()
     sys.path.insert(0, str(HERE / "standin"))
     verdicts = {case["name"]: check(case) for case in cases}
     json.dump(verdicts, sys.stdout, indent=1, sort_keys=True)

@@ -42,7 +42,7 @@ def verdicts():
     first = cases[0]
     broken = {  # each breaks one rule the Bridge checks, keeping the rest of a file it accepts
         "broken:tp_heads": _broken(first["overrides"], "model.tensor_model_parallel_size", "3"),
-        "broken:world": _broken(first["overrides"], "model.pipeline_model_parallel_size", "7"),
+        "broken:world": _broken(first["overrides"], "model.context_parallel_size", "3"),
         "broken:cp_seq": _broken(first["overrides"], "model.seq_length", "1000"),
     }
     cases += [{**first, "name": name, "overrides": lines} for name, lines in broken.items()]
@@ -64,7 +64,7 @@ def test_bridge_accepts_every_exported_file(verdicts):
 
 @pytest.mark.parametrize("case,message", [
     ("broken:tp_heads", "must be a multiple of tensor_model_parallel_size"),
-    ("broken:world", "pipeline"),
+    ("broken:world", "is not divisible by total_model_size"),
     ("broken:cp_seq", "equence length"),
 ])
 def test_bridge_rejects_a_broken_file(verdicts, case, message):
