@@ -37,8 +37,8 @@ def add_arguments(p) -> None:
 
 def add_framework_option(p) -> None:
     p.add_argument("--framework", choices=("any", "megatron", "megatron-bridge", "torchtitan", "deepspeed"),
-                   help="search only what this framework runs, by the rules its exporter refuses by (sets search.framework; "
-                        "default: the problem's, else any)")
+                   help="search only what this framework runs, by the rules its exporter refuses by; sets search.framework "
+                        "(default: the problem's search.framework, else any)")
 
 
 def framework_override(args) -> list[str]:
