@@ -16,6 +16,7 @@ model's Hugging Face config.json: an offline cache is seeded from hf_configs/ fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -93,6 +94,14 @@ class H100Properties:
 
 def main() -> int:
     cases = json.load(sys.stdin)
+    verdict_out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):  # the Bridge prints its notes; stdout carries the verdicts only
+        verdicts = run(cases)
+    json.dump(verdicts, verdict_out, indent=1, sort_keys=True)
+    return 0
+
+
+def run(cases: list[dict]) -> dict[str, str]:
     os.environ["HF_HOME"] = seed_hf_cache()
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -107,9 +116,7 @@ def main() -> int:
 
     torch.cuda.get_device_properties = lambda device=None: H100Properties()
     sys.path.insert(0, str(HERE / "standin"))
-    verdicts = {case["name"]: check(case) for case in cases}
-    json.dump(verdicts, sys.stdout, indent=1, sort_keys=True)
-    return 0
+    return {case["name"]: check(case) for case in cases}
 
 
 if __name__ == "__main__":
