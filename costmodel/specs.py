@@ -440,7 +440,7 @@ class MoERoutingSpec(Spec):
     dispatcher: Literal["alltoall", "deepep"] = Field(
         default="alltoall",
         description="alltoall: Megatron's all-to-all dispatcher, one copy per (token, expert); deepep: DeepEP's deduplicated "
-        "dispatch (Megatron --moe-token-dispatcher-type flex --moe-enable-deepep), one copy per (token, node) across nodes, "
+        "dispatch (Megatron --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep), one copy per (token, node) across nodes, "
         "forwarded over NVLink inside the node",
     )
 

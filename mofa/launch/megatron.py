@@ -18,9 +18,10 @@ CP_COMM_FLAG = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a", "a2a+p2p"
 #: Megatron-FSDP's sharding strategies (--data-parallel-sharding-strategy) by ZeRO stage
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 #: training.moe.dispatcher as Megatron-Core flags: its all-to-all dispatcher, or DeepEP's
-#: deduplicated one behind the flex dispatcher
+#: deduplicated one behind the flex dispatcher (Megatron-Core 0.16.1: moe_flex_dispatcher_backend;
+#: moe_enable_deepep is deprecated and clashes with a recipe's hybridep backend)
 MOE_DISPATCHER_ARGS = {"alltoall": [["--moe-token-dispatcher-type", "alltoall"]],
-                       "deepep": [["--moe-token-dispatcher-type", "flex"], ["--moe-enable-deepep"]]}
+                       "deepep": [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", "deepep"]]}
 #: the Megatron-LM entry point the script runs (relative to MEGATRON_LM, the checkout)
 ENTRY = "pretrain_gpt.py"
 
@@ -228,7 +229,9 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         out += [f"model.expert_model_parallel_size={p.ep}", f"model.expert_tensor_parallel_size={p.etp}",
                 f"comm_overlap.overlap_moe_expert_parallel_comm={mode_of(p.ep_overlap)}",
                 f"model.moe_token_dispatcher_type={'flex' if p.moe_dispatcher == 'deepep' else 'alltoall'}",
-                f"model.moe_enable_deepep={mode_of(p.moe_dispatcher == 'deepep')}"]
+                "model.moe_enable_deepep=false"]  # deprecated in Megatron-Core 0.16.1: the backend field says it
+        if p.moe_dispatcher == "deepep":
+            out.append("model.moe_flex_dispatcher_backend=deepep")
         if p.moe_capacity_factor is not None:
             out.append(f"model.moe_expert_capacity_factor={p.moe_capacity_factor!r}")
         groups = expert_groups(p)
