@@ -21,6 +21,7 @@ from costmodel.configs import (
     RECOMPUTE_MODULE_BITS,
     ConfigBatch,
 )
+from costmodel.frameworks import framework_violations, facts_of, rule_of
 from costmodel.layout import middle_layers, split_layers, split_ok
 from costmodel.specs import FEATURES, ConfigSpec, Problem
 
@@ -209,6 +210,9 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     for stage in problem.features.zero_stage:
         zero_ok |= cfg.zero_stage == stage
     out["zero_allowed"] = ~zero_ok
+    framework = problem.search.framework
+    if framework != "any":  # search.framework: what that framework runs, by the rules its exporter refuses by
+        out.update(framework_violations(framework, facts_of(problem), cfg))
     return out
 
 
@@ -220,8 +224,19 @@ def feasible(problem: Problem, cfg: ConfigBatch) -> np.ndarray:
 
 
 #: rules about what the features section lets a search use; a configuration given explicitly
-#: is checked against the frameworks' rules only
+#: is checked against the frameworks' rules only (search.framework's rules included: the
+#: exporter of that framework refuses such a configuration by the same rules, with its reason)
 PROBLEM_ONLY_RULES = ("feature_forced", "recompute_allowed", "zero_allowed")
+
+
+def is_framework_rule(name: str) -> bool:
+    """A rule of search.framework (costmodel.frameworks), named `framework:rule`."""
+    return ":" in name
+
+
+def rule_text(name: str) -> str:
+    """The message of a rule, a model rule (RULES) or a framework rule (unfilled template)."""
+    return rule_of(name).message if is_framework_rule(name) else RULES[name][1]
 
 
 def config_violations(problem: Problem, spec: ConfigSpec) -> list[tuple[str, str]]:
@@ -230,7 +245,7 @@ def config_violations(problem: Problem, spec: ConfigSpec) -> list[tuple[str, str
     cfg = ConfigBatch.from_specs(problem, [spec])
     found = []
     for name, bad in violations(problem, cfg).items():
-        if name in PROBLEM_ONLY_RULES:
+        if name in PROBLEM_ONLY_RULES or is_framework_rule(name):
             continue
         if bad[0]:
             field, message = RULES[name]

@@ -461,7 +461,7 @@ class MoERoutingSpec(Spec):
     dispatcher: Literal["alltoall", "deepep"] = Field(
         default="alltoall",
         description="alltoall: Megatron's all-to-all dispatcher, one copy per (token, expert); deepep: DeepEP's deduplicated "
-        "dispatch (Megatron --moe-token-dispatcher-type flex --moe-enable-deepep), one copy per (token, node) across nodes, "
+        "dispatch (Megatron --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep), one copy per (token, node) across nodes, "
         "forwarded over NVLink inside the node",
     )
 
@@ -781,6 +781,11 @@ class SearchSpec(Spec):
         description="MemFine FCDA chunk counts to try on MoE models (e.g. [1, 2, 4, 8] or ['auto']); default no chunking",
     )
     tp_domain: Literal["node", "supernode"] = Field(default="node", description="TP must stay inside this")
+    framework: Literal["any", "megatron", "megatron-bridge", "torchtitan", "deepspeed"] = Field(
+        default="any",
+        description="search only what this framework runs (costmodel.frameworks: the rules its exporter refuses by); "
+        "any: every configuration the model's own rules admit",
+    )
     objective: Literal["step", "e2e"] = "step"
     max_interval: Count = Field(default=100000, gt=0)
     # choosing the cluster too (issue 11; optimizer.cluster): each listed GPU count and GPU type

@@ -19,6 +19,7 @@ import numpy as np
 
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
+from costmodel.frameworks import facts_of, framework_violations, rule_of
 from costmodel.layout import split_layers
 from costmodel.rules import feasible, kv_heads, kv_heads_fit, tp_domain
 from costmodel.specs import Problem
@@ -65,11 +66,29 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
                 switches(depth + 1, row)
         del row[name]
 
+    # search.framework: its rules on skeleton fields prune a skeleton, those on no overlap
+    # switch a memory choice (the leaf checks every rule again)
+    framework = problem.search.framework
+    facts = facts_of(problem) if framework != "any" else None
+    skeleton_only = [k for k in space.framework_rules if k in space.skeleton_rules]
+    switch_free = [k for k in space.framework_rules if not set(rule_of(k).fields) & set(PURE_TIME_FEATURES)]
+
+    def framework_ok(row: dict, rules: list[str]) -> bool:
+        if not rules:
+            return True
+        bad = framework_violations(framework, facts, ConfigBatch.from_columns(G, **row))
+        return not any(bad[k][0] for k in rules)
+
     def features(row: dict) -> None:
+        if not framework_ok(row, skeleton_only):
+            return
         for choice in memory_rows:  # recompute variant, offload, ZeRO stage, CPU optimizer
             count["nodes"] += 1
             row.update(zip(MEMORY_FEATURES, choice))
-            switches(0, row)
+            if framework_ok(row, switch_free):
+                switches(0, row)
+        for name in MEMORY_FEATURES:
+            row.pop(name, None)
 
     try:
         for t in space.tp:  # rule 4 and the TP rules

@@ -1,6 +1,9 @@
 """Why a problem has no admissible configuration.
 
-Two ways to fail:
+Three ways to fail:
+  * search.framework restricts the search and that framework runs none of the configurations
+    the model's rules admit: report the framework's rules (costmodel.frameworks) that cut them,
+    each with how many it cuts and its message for one of them;
   * no skeleton survives the Megatron rules: report, per rule, how many candidate layouts it
     rejects, and the rule that rejects every one of them if there is one;
   * skeletons exist but none fits: report the configuration with the least peak memory (over
@@ -16,6 +19,7 @@ import numpy as np
 
 from costmodel.configs import ConfigBatch, config_label, features_label
 from costmodel.evaluate import evaluate
+from costmodel.frameworks import DISPLAY, describe, facts_of, framework_violations
 from costmodel.layout import split_layers
 from costmodel.rules import RULES, violations
 from costmodel.specs import Problem
@@ -24,10 +28,45 @@ from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS
 
 
 def explain_infeasible(problem: Problem, space: SearchSpace | None = None) -> str:
+    cut = _framework_cuts(problem)
+    if cut:
+        return cut
     space = space or SearchSpace.from_problem(problem)
+    framework = problem.search.framework
+    within = "" if framework == "any" else f"within what {DISPLAY[framework]} runs (search.framework: {framework}), "
     if len(space.skeletons) == 0:
-        return _no_layout(problem, space)
-    return _nothing_fits(problem, space)
+        return within + _no_layout(problem, space)
+    return within + _nothing_fits(problem, space)
+
+
+#: framework rules an explanation names at most
+MAX_NAMED = 4
+
+
+def _framework_cuts(problem: Problem) -> str | None:
+    """When search.framework restricts the search and its rules leave none of the
+    configurations the model's own rules admit: the framework's rules that cut them, each with
+    the number it cuts and its message for one of them. None otherwise (no framework, the
+    model's rules alone admit nothing, or the framework admits some and memory decides)."""
+    framework = problem.search.framework
+    if framework == "any":
+        return None
+    free = SearchSpace.from_problem(problem.model_copy(update={"search": problem.search.model_copy(update={"framework": "any"})}))
+    cfg = _memory_product(problem, free)
+    if not len(cfg):
+        return None
+    facts = facts_of(problem)
+    bad = framework_violations(framework, facts, cfg)  # the overlap switches off, which every rule admits
+    survivors = np.ones(len(cfg), bool)
+    for mask in bad.values():
+        survivors &= ~mask
+    if survivors.any():
+        return None
+    counts = sorted(((int(mask.sum()), key) for key, mask in bad.items() if mask.any()), key=lambda x: -x[0])
+    named = [f"{key} cuts {n} ({describe(key, facts, cfg, int(np.argmax(bad[key])))})" for n, key in counts[:MAX_NAMED]]
+    more = f"; {len(counts) - MAX_NAMED} more rule(s)" if len(counts) > MAX_NAMED else ""
+    return (f"{DISPLAY[framework]} (search.framework: {framework}) runs none of the {len(cfg)} layout and memory choices the model's "
+            f"rules admit: " + "; ".join(named) + more)
 
 
 def _no_layout(problem: Problem, space: SearchSpace) -> str:
@@ -44,7 +83,7 @@ def _no_layout(problem: Problem, space: SearchSpace) -> str:
                                    last_layers=np.where(el > 0, el, np.maximum(last, 1)),
                                    pp_overlap=1 if 1 in space.flags["pp_overlap"] else 0)
     bad = violations(problem, cfg)
-    counts = {rule: int(bad[rule].sum()) for rule in SKELETON_RULES}
+    counts = {rule: int(bad[rule].sum()) for rule in SKELETON_RULES}  # the model's rules: _framework_cuts names the framework's
     everything = [rule for rule, n in counts.items() if n == len(cfg)]
     ranked = [(r, n) for r, n in sorted(counts.items(), key=lambda kv: -kv[1]) if n and r not in everything[:1]][:3]
     detail = "; ".join(f"{RULES[r][1]} ({n} of {len(cfg)})" for r, n in ranked)
@@ -55,7 +94,9 @@ def _no_layout(problem: Problem, space: SearchSpace) -> str:
     return f"no parallel layout satisfies all rules at once; the most restrictive: {detail}"
 
 
-def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
+def _memory_product(problem: Problem, space: SearchSpace) -> ConfigBatch:
+    """Every skeleton with every memory choice, where some choice of the overlap switches
+    satisfies every rule of the space."""
     sk = space.skeletons
     G = problem.cluster.num_gpus
     combos = space.memory_choices
@@ -64,7 +105,11 @@ def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
     for j, name in enumerate(MEMORY_FEATURES):
         cols[name] = np.tile(combos[:, j], n_sk)
     cfg = ConfigBatch.from_columns(G, **cols)
-    cfg = cfg.take(np.flatnonzero(space.viable(cfg, PURE_TIME_FEATURES)))
+    return cfg.take(np.flatnonzero(space.viable(cfg, PURE_TIME_FEATURES)))
+
+
+def _nothing_fits(problem: Problem, space: SearchSpace) -> str:
+    cfg = _memory_product(problem, space)
     if not len(cfg):
         return "every combination of the allowed features breaks a feature rule (for example offload with recompute, or a forced feature that needs a larger parallel degree)"
     ev = evaluate(problem, cfg)

@@ -33,6 +33,7 @@ from costmodel.configs import (
     mask_of,
     offload_code,
 )
+from costmodel.frameworks import FRAMEWORK_RULES, rule_key, rule_of
 from costmodel.layout import SPLIT_MODES, split_layers
 from costmodel.rules import tp_domain, violations
 from costmodel.specs import FEATURES, Problem
@@ -193,7 +194,7 @@ class SearchSpace:
         batch = ConfigBatch.from_columns(G, **cols, pp_overlap=1 if 1 in self.flags["pp_overlap"] else 0)
         bad = violations(self.problem, batch)
         ok = np.ones(len(batch), bool)
-        for rule in SKELETON_RULES:
+        for rule in self.skeleton_rules:
             ok &= ~bad[rule]
         cols = {name: getattr(batch, name)[ok] for name in SKELETON_FIELDS}
         return ConfigBatch.from_columns(G, **cols)
@@ -345,10 +346,33 @@ class SearchSpace:
                 ok &= self.features[name] == 0
         return ok
 
+    # ----------------------------------------------------------------------------------
+    @cached_property
+    def framework_rules(self) -> tuple[str, ...]:
+        """The rules of search.framework (costmodel.frameworks), none for `any`."""
+        framework = self.problem.search.framework
+        return () if framework == "any" else tuple(rule_key(framework, rule) for rule in FRAMEWORK_RULES[framework])
+
+    @cached_property
+    def skeleton_rules(self) -> tuple[str, ...]:
+        """SKELETON_RULES and the framework's rules that read skeleton fields only (or none: a
+        fact of the run, such as a dtype the framework cannot train in, cuts every skeleton)."""
+        return SKELETON_RULES + tuple(k for k in self.framework_rules if set(rule_of(k).fields) <= set(SKELETON_FIELDS))
+
+    @cached_property
+    def feature_rules(self) -> tuple[str, ...]:
+        """FEATURE_RULES and the framework's rules that read a feature."""
+        return FEATURE_RULES + tuple(k for k in self.framework_rules if k not in self.skeleton_rules)
+
+    @cached_property
+    def switch_rules(self) -> dict[str, tuple[str, ...]]:
+        """SWITCH_RULES and, per switch, the framework's rules that read it."""
+        return {name: rules + tuple(k for k in self.framework_rules if name in rule_of(k).fields) for name, rules in SWITCH_RULES.items()}
+
     def feature_ok(self, cfg: ConfigBatch) -> np.ndarray:
         bad = violations(self.problem, cfg)
         ok = np.ones(len(cfg), bool)
-        for rule in FEATURE_RULES:
+        for rule in self.feature_rules:
             ok &= ~bad[rule]
         return ok
 
@@ -359,7 +383,7 @@ class SearchSpace:
         base = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "dp"}
         for name in open_switches:
             base[name] = self.flags[name][0]
-        skip = {rule for name in open_switches for rule in SWITCH_RULES[name]}
+        skip = {rule for name in open_switches for rule in self.switch_rules[name]}
         bad = violations(self.problem, ConfigBatch.from_columns(G, **base))
         ok = np.ones(len(cfg), bool)
         for rule, mask in bad.items():
@@ -370,7 +394,7 @@ class SearchSpace:
             for value in self.flags[name]:
                 trial = violations(self.problem, ConfigBatch.from_columns(G, **{**base, name: value}))
                 holds = np.ones(len(cfg), bool)
-                for rule in SWITCH_RULES[name]:
+                for rule in self.switch_rules[name]:
                     holds &= ~trial[rule]
                 any_value |= holds
             ok &= any_value

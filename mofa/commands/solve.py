@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--pareto", action="store_true",
                    help="solve every candidate cluster (search.num_gpus, search.hardware) and report the certified Pareto front of "
                         "(time to train, GPUs or cost, ETTR) (default: off)")
+    add_framework_option(p)
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_convention_option(p)
     add_json_option(p)
@@ -40,6 +41,17 @@ def add_arguments(p) -> None:
                    help="write result.json, best.yaml and the best configuration's launch files (megatron_launch.sh, bridge_overrides.txt, "
                         "torchtitan_launch.sh, deepspeed_config.json; export_errors.txt says which formats were refused and why) here, "
                         "replacing the folder's previous set (default: write nothing)")
+
+
+def add_framework_option(p) -> None:
+    p.add_argument("--framework", choices=("any", "megatron", "megatron-bridge", "torchtitan", "deepspeed"),
+                   help="search only what this framework runs, by the rules its exporter refuses by; sets search.framework "
+                        "(default: the problem's search.framework, else any)")
+
+
+def framework_override(args) -> list[str]:
+    """--framework as the --set override of search.framework it stands for."""
+    return [f"search.framework={args.framework}"] if getattr(args, "framework", None) else []
 
 
 def add_distinct_option(p) -> None:
@@ -60,7 +72,7 @@ def run(args) -> int:
     if not (args.layout_time_limit > 0 and math.isfinite(args.layout_time_limit)):
         print("mofa solve: --layout-time-limit must be positive", file=sys.stderr)
         return 2
-    problem = load_for_search(args.problem, convention_sets(args))
+    problem = load_for_search(args.problem, convention_sets(args) + framework_override(args))
     if args.out:
         try:
             check_target(args.out, OUTPUT_FILES)  # refuse a folder of other files before searching

@@ -11,11 +11,15 @@ def refuse(framework: str, why: str):
     raise ExportError(f"{framework} cannot run this plan: {why}")
 
 
-def needs_iterations(plan, framework: str) -> int:
-    if plan.train_iters is None:
-        refuse(framework, "the problem gives neither training.steps nor training.tokens, and a launch without a "
-               "length runs the framework's default number of steps")
-    return plan.train_iters
+def check_rules(plan, framework: str) -> None:
+    """Refuse with the first of the framework's rules (costmodel.frameworks) the plan breaks:
+    the rules the search applies when restricted to the framework, so a plan found for it is
+    never refused here."""
+    from costmodel.frameworks import DISPLAY, refusals
+
+    broken = refusals(framework, plan.facts(), plan.batch())
+    if broken:
+        refuse(DISPLAY[framework], broken[0][1])
 
 
 def mode_of(enabled: bool) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from mofa.launch.common import ExportError, mode_of, needs_iterations, refuse
+from mofa.launch.common import ExportError, check_rules, mode_of
 from mofa.launch.plan import LaunchPlan
 
 #: Megatron-Core's names for the CP variants (--cp-comm-type)
@@ -18,63 +18,25 @@ CP_COMM_FLAG = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a", "a2a+p2p"
 #: Megatron-FSDP's sharding strategies (--data-parallel-sharding-strategy) by ZeRO stage
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 #: training.moe.dispatcher as Megatron-Core flags: its all-to-all dispatcher, or DeepEP's
-#: deduplicated one behind the flex dispatcher
+#: deduplicated one behind the flex dispatcher (Megatron-Core 0.16.1: moe_flex_dispatcher_backend;
+#: moe_enable_deepep is deprecated and clashes with a recipe's hybridep backend)
 MOE_DISPATCHER_ARGS = {"alltoall": [["--moe-token-dispatcher-type", "alltoall"]],
-                       "deepep": [["--moe-token-dispatcher-type", "flex"], ["--moe-enable-deepep"]]}
+                       "deepep": [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", "deepep"]]}
 #: the Megatron-LM entry point the script runs (relative to MEGATRON_LM, the checkout)
 ENTRY = "pretrain_gpt.py"
 
 
-def check_megatron(plan: LaunchPlan, what: str = "Megatron-LM") -> None:
-    """What neither Megatron-LM nor Megatron-Bridge can run (both build Megatron-Core)."""
-    p = plan
-    if p.moe_chunks != 1:
-        refuse(what, f"moe_chunks={p.moe_chunks}: Megatron-Core has no chunked MoE dispatch (MemFine's FCDA is ZTE's own)")
-    if p.pp > 1 and p.pp_schedule == "afab":
-        refuse(what, "Megatron has no all-forward-all-backward schedule (only 1F1B and interleaved 1F1B; torchtitan runs it as GPipe / LoopedBFS)")
-    if p.pp > 1 and p.pp_schedule == "dualpipev":
-        refuse(what, "Megatron has no DualPipeV schedule (torchtitan's DualPipeV does)")
-    if p.zero_stage >= 2 and p.pp > 1:
-        refuse(what, f"Megatron-FSDP (ZeRO-{p.zero_stage}) does not run with pipeline parallelism")
-    if p.zero_stage == 3 and not p.reshard_after_forward:
-        refuse(what, "Megatron-FSDP always frees gathered parameters after the forward (keeping them is torchtitan's fsdp_reshard_after_forward=never)")
-    if p.hsdp and p.zero_stage >= 2:
-        refuse(what, f"hybrid sharding with ZeRO-{p.zero_stage} is torchtitan's (data_parallel_replicate_degree), not Megatron's")
-    if p.activation_offload == "layer" and p.pp > 1:
-        refuse(what, "layer activation offload (--cpu-offloading) does not run with pp > 1 (frameworks.md); fine-grained offload of modules does")
-    if p.cpu_optimizer and p.zero_stage == 0:
-        refuse(what, "the CPU optimizer needs the precision-aware optimizer, which needs the distributed optimizer (Megatron-Core OptimizerConfig)")
-    if p.model.position_embedding == "alibi":
-        refuse(what, "Megatron-Core has no ALiBi position embedding")
-    if p.dtypes.grads not in ("fp32", "bf16"):
-        refuse(what, f"gradients are reduced in fp32 or bf16 (--grad-reduce-in-bf16), not {p.dtypes.grads}")
-    if p.dtypes.optimizer != "fp32":
-        refuse(what, f"optimizer states in {p.dtypes.optimizer}: the exporter writes fp32 Adam states only")
-    if p.dtypes.params not in ("bf16", "fp16", "fp32"):
-        refuse(what, f"parameters in {p.dtypes.params}: Megatron keeps bf16, fp16 or fp32 weights")
-    if p.ep_overlap:  # Megatron-Core 0.16.1 TransformerConfig.__post_init__ (overlap_moe_expert_parallel_comm)
-        if p.model.mtp_layers and (p.model.mtp_layers > 1 or p.pp == 1):
-            refuse(what, f"EP communication overlap with {p.model.mtp_layers} MTP layer(s) and pp={p.pp}: "
-                   "Megatron-Core runs it with one MTP layer and pp > 1 only")
-        if p.recompute == "full":
-            refuse(what, "EP communication overlap with full recompute: Megatron-Core requires recompute off or selective")
-        if p.dtypes.params not in ("bf16", "fp16"):
-            refuse(what, f"EP communication overlap with {p.dtypes.params} parameters: Megatron-Core needs a bf16 or fp16 model")
-    needs_iterations(p, what)
-    groups = expert_groups(p)
-    if groups and p.model.moe.num_experts % groups:
-        refuse(what, f"node-limited routing over {groups} expert groups (nodes of an EP group) needs num_experts divisible by it")
+def check_megatron(plan: LaunchPlan, framework: str = "megatron") -> None:
+    """What neither Megatron-LM nor Megatron-Bridge can run (both build Megatron-Core): the
+    rules of costmodel.frameworks, which the search applies under `--framework megatron`."""
+    check_rules(plan, framework)
 
 
 def expert_groups(plan: LaunchPlan) -> int:
-    """Node-limited routing (DeepSeek-V3's M nodes per token) as Megatron's group-limited
-    routing: one group per node an expert-parallel group spans; 0 when it spans no more nodes
-    than a token may reach (the limit changes nothing)."""
-    moe = plan.model.moe
-    if moe is None or moe.max_nodes_per_token is None:
-        return 0
-    nodes = plan.ep * plan.etp // plan.gpus_per_node  # the expert grid is tp-ep-dp: EP ranks are consecutive after ETP
-    return nodes if nodes > moe.max_nodes_per_token else 0
+    """Megatron's router groups for node-limited routing (costmodel.frameworks.expert_groups)."""
+    from costmodel.frameworks import expert_groups as groups
+
+    return int(groups(plan.facts(), plan.ep, plan.etp))
 
 
 def _layout_args(p: LaunchPlan) -> list[list[str]]:
@@ -246,7 +208,7 @@ def megatron_script(plan: LaunchPlan) -> str:
 def bridge_overrides(plan: LaunchPlan) -> list[str]:
     """Megatron-Bridge / NeMo 2.0 Hydra dotlist overrides (Megatron-Core field names) on a
     pretraining recipe's ConfigContainer."""
-    check_megatron(plan, "Megatron-Bridge")
+    check_megatron(plan, "megatron-bridge")
     p, m, dt = plan, plan.model, plan.dtypes
     out = [
         f"model.tensor_model_parallel_size={p.tp}",
@@ -255,6 +217,7 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         f"model.context_parallel_size={p.cp}",
         f"model.sequence_parallel={mode_of(p.sequence_parallel)}",
         f"model.seq_length={p.seq_len}",
+        f"dataset.sequence_length={p.seq_len}",  # GPTDatasetConfig's field (seq_length is its alias): validate() asserts the two agree
         f"train.micro_batch_size={p.micro_batch_size}",
         f"train.global_batch_size={p.global_batch_size}",
         f"train.train_iters={p.train_iters}",
@@ -273,14 +236,17 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         out += [f"model.expert_model_parallel_size={p.ep}", f"model.expert_tensor_parallel_size={p.etp}",
                 f"comm_overlap.overlap_moe_expert_parallel_comm={mode_of(p.ep_overlap)}",
                 f"model.moe_token_dispatcher_type={'flex' if p.moe_dispatcher == 'deepep' else 'alltoall'}",
-                f"model.moe_enable_deepep={mode_of(p.moe_dispatcher == 'deepep')}"]
+                "model.moe_enable_deepep=false"]  # deprecated in Megatron-Core 0.16.1: the backend field says it
+        if p.moe_dispatcher == "deepep":
+            out.append("model.moe_flex_dispatcher_backend=deepep")
         if p.moe_capacity_factor is not None:
             out.append(f"model.moe_expert_capacity_factor={p.moe_capacity_factor!r}")
         groups = expert_groups(p)
         if groups:
             out += [f"model.moe_router_num_groups={groups}", f"model.moe_router_group_topk={m.moe.max_nodes_per_token}"]
-    if p.zero_stage >= 2:
-        out += ["ddp.use_megatron_fsdp=true", f"ddp.data_parallel_sharding_strategy={FSDP_STRATEGY[p.zero_stage]}"]
+    if p.zero_stage >= 2:  # Megatron-FSDP saves only its own DTensor checkpoints (Bridge 0.3.1 ConfigContainer.validate())
+        out += ["ddp.use_megatron_fsdp=true", f"ddp.data_parallel_sharding_strategy={FSDP_STRATEGY[p.zero_stage]}",
+                "checkpoint.ckpt_format=fsdp_dtensor"]
     if p.zero_stage == 1 and p.hsdp:
         out.append(f"ddp.num_distributed_optimizer_instances={p.dp_replicate}")
     if p.cp > 1:

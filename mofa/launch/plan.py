@@ -127,6 +127,33 @@ class LaunchPlan(BaseModel):
                "ep_overlap": self.ep_overlap, "pp_overlap": self.pp_overlap, "dp_overlap": self.dp_overlap, "cpu_optimizer": self.cpu_optimizer}
         return f"{config_label(row)} {features_label(row)}"
 
+    def facts(self):
+        """What costmodel.frameworks' rules read besides the configuration."""
+        from costmodel.frameworks import RunFacts
+
+        return RunFacts(model=self.model, dtypes=self.dtypes, num_gpus=self.num_gpus, gpus_per_node=self.gpus_per_node,
+                        train_iters=self.train_iters, moe_dispatcher=self.moe_dispatcher, moe_capacity_factor=self.moe_capacity_factor,
+                        attention_kernel=self.attention_kernel)
+
+    def batch(self):
+        """The plan as a one-row ConfigBatch, the table costmodel.frameworks' rules read (the
+        search hands them millions of rows; an exporter this one)."""
+        from costmodel.configs import (CP_COMM_CODES, PP_SCHEDULE_CODES, RECOMPUTE_CODES, RECOMPUTE_METHOD_CODES,
+                                       RECOMPUTE_MODULE_BITS, ConfigBatch, chunks_code, mask_of, offload_code)
+
+        return ConfigBatch.from_columns(
+            self.num_gpus, tp=self.tp, cp=self.cp, pp=self.pp, vp=self.vp, ep=self.ep, etp=self.etp, mbs=self.micro_batch_size,
+            first_layers=self.first_stage_layers, last_layers=self.last_stage_layers,
+            pp_schedule=PP_SCHEDULE_CODES[self.pp_schedule], pp_group=self.pp_group or 0,
+            cp_comm=CP_COMM_CODES[self.cp_comm], cp_a2a=self.cp_a2a or 0, dp_shard=self.dp_shard if self.hsdp else 0,
+            recompute=RECOMPUTE_CODES[self.recompute], recompute_method=RECOMPUTE_METHOD_CODES[self.recompute_method or "uniform"],
+            recompute_layers=self.recompute_num_layers or 0,
+            recompute_modules=mask_of(self.recompute_modules or [], RECOMPUTE_MODULE_BITS),
+            activation_offload=offload_code(self.activation_offload), moe_chunks=chunks_code(self.moe_chunks),
+            zero_stage=self.zero_stage, reshard_after_forward=int(self.reshard_after_forward), cpu_optimizer=int(self.cpu_optimizer),
+            tp_overlap=int(self.tp_overlap), cp_overlap=int(self.cp_overlap), ep_overlap=int(self.ep_overlap),
+            pp_overlap=int(self.pp_overlap), dp_overlap=int(self.dp_overlap))
+
 
 def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchPlan:
     """The plan of one configuration. `spec` is a ConfigSpec with the layer split explicit

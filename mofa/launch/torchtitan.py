@@ -24,49 +24,25 @@ from __future__ import annotations
 
 import shlex
 
-from mofa.launch.common import needs_iterations, refuse
+from mofa.launch.common import check_rules
 from mofa.launch.plan import LaunchPlan
 
 NAME = "torchtitan"
 
-#: config functions by architecture: (module, function, GEMM dtype) -> the model it builds
-#: (layers, hidden, heads, kv heads, vocab, experts); torchtitan 0.3.0's config_registry
-CONFIGS = (
-    ("llama3", "llama3_8b", "bf16", (32, 4096, 32, 8, 128256, None)),
-    ("llama3", "llama3_70b", "bf16", (80, 8192, 64, 8, 128256, None)),
-    ("llama3", "llama3_405b", "fp8", (126, 16384, 128, 8, 128256, None)),
-    ("deepseek_v3", "deepseek_v3_671b", "bf16", (61, 7168, 128, None, 129280, 256)),
-    ("deepseek_v3", "deepseek_v3_671b_float8", "fp8", (61, 7168, 128, None, 129280, 256)),
-)
-
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "dualpipev": "DualPipeV"}
 
 
-def architecture(plan: LaunchPlan) -> tuple:
-    m = plan.model
-    return (m.num_layers, m.hidden_size, m.num_heads, None if m.mla is not None else m.kv_heads, m.vocab_size,
-            m.moe.num_experts if m.moe else None)
-
-
 def config_function(plan: LaunchPlan) -> tuple[str, str]:
-    arch = architecture(plan)
-    matches = [c for c in CONFIGS if c[3] == arch]
-    if not matches:
-        refuse(NAME, f"no config function builds {plan.model.name} ({plan.model.num_layers} layers, hidden {plan.model.hidden_size}, "
-               f"vocabulary {plan.model.vocab_size}); the command line cannot change the architecture")
-    for module, function, dtype, _ in matches:
-        if dtype == plan.dtypes.compute:
-            return module, function
-    have = ", ".join(f"{f} ({d})" for _, f, d, _ in matches)
-    refuse(NAME, f"its {plan.model.name} config functions compute in {have}, the plan in {plan.dtypes.compute}; "
-           "the quantization is fixed by the function, not a flag")
+    """(module, function) of the config function that builds the plan's model in its GEMM
+    dtype (the rules config_function and config_dtype refuse a plan without one)."""
+    from costmodel.frameworks import torchtitan_functions
+
+    return next((module, function) for module, function, dtype in torchtitan_functions(plan.model) if dtype == plan.dtypes.compute)
 
 
 def _schedule(p: LaunchPlan) -> str:
     if p.pp_schedule == "afab":
         return "GPipe" if p.vp == 1 else "LoopedBFS"
-    if p.pp_schedule == "flexible":
-        refuse(NAME, "the flexible schedule's round size (nc != pp) has no flag: Interleaved1F1B rounds by pp")
     return SCHEDULES[p.pp_schedule]
 
 
@@ -77,59 +53,19 @@ def _layout(p: LaunchPlan) -> tuple[int, int, int]:
         return L // stages, 0, 0
     if p.layer_split == "embedding_loss":
         return (L + 2) // stages, 1, 1
-    if p.vp > 1:
-        refuse(NAME, "uneven first/last ranks with virtual stages: torchtitan shortens only the first and last virtual stage")
+    # the rules uneven_interleaved and shorter_ends_only refuse other uneven splits
     per = p.middle_stage_layers if p.pp > 2 else max(p.first_stage_layers, p.last_stage_layers)
-    less_first, less_last = per - p.first_stage_layers, per - p.last_stage_layers
-    if less_first < 0 or less_last < 0:
-        refuse(NAME, "a first or last rank with more layers than the middle ranks: torchtitan only shortens them")
-    return per, less_first, less_last
+    return per, per - p.first_stage_layers, per - p.last_stage_layers
 
 
 def check(plan: LaunchPlan) -> None:
-    p, dt = plan, plan.dtypes
-    if p.pipeline_layout is not None:
+    """What torchtitan 0.3.0 cannot run: the rules of costmodel.frameworks, which the search
+    applies under `--framework torchtitan` (a heterogeneous pipeline layout is chosen after the
+    search, so it is refused here)."""
+    if plan.pipeline_layout is not None:
         refuse(NAME, "a heterogeneous pipeline layout (--pipeline-layouts) is Megatron-Core's --pipeline-model-parallel-layout; "
                "this exporter only splits layers evenly")
-    if p.zero_stage in (1, 2):
-        refuse(NAME, f"ZeRO-{p.zero_stage} keeps whole parameters; torchtitan's FSDP2 always shards them (ZeRO-3), or replicates everything (ZeRO-0)")
-    if p.zero_stage == 0 and p.cp > 1:
-        refuse(NAME, "ZeRO-0 with cp > 1: torchtitan always shards parameters over the context-parallel ranks (its FSDP mesh is dp_shard x cp)")
-    if p.hsdp and p.dp_shard % p.cp:
-        refuse(NAME, f"an HSDP sharding group of {p.dp_shard} ranks that is not a multiple of cp={p.cp} (torchtitan shards over dp_shard x cp)")
-    if p.cp > 1 and p.cp_comm != "all_gather":
-        refuse(NAME, f"CP variant {p.cp_comm}: torchtitan runs PyTorch's context parallel with its all-gather rotation, and has no flag for another")
-    if p.model.moe is not None:
-        if p.ep > 1 and p.etp != 1:
-            refuse(NAME, f"expert tensor parallelism etp={p.etp}: torchtitan's EP borrows the TP ranks (no expert TP)")
-        if p.ep == 1 and p.etp != p.tp:
-            refuse(NAME, f"etp={p.etp} without EP: torchtitan shards the experts over TP like the dense layers")
-        fsdp_tp = (p.dp_shard if p.zero_stage == 3 else 1) * p.tp
-        if fsdp_tp % p.ep:
-            refuse(NAME, f"ep={p.ep} must divide dp_shard x cp x tp = {fsdp_tp} (EP borrows FSDP and TP ranks)")
-    if p.ep_overlap:
-        refuse(NAME, "EP communication overlap has no flag (its overlapped EP is a separate config function)")
-    if p.recompute == "selective":
-        refuse(NAME, "selective recompute by module: torchtitan's selective AC is per op (saves matmuls and attention, recomputes every second matmul)")
-    if p.recompute == "full" and not (p.recompute_method == "uniform" and p.recompute_num_layers == 1):
-        refuse(NAME, f"full recompute {p.recompute_method} {p.recompute_num_layers}: torchtitan's full AC checkpoints every block")
-    if p.activation_offload:
-        refuse(NAME, "activation offload: torchtitan has none")
-    if p.cpu_optimizer:
-        refuse(NAME, "a CPU optimizer alone: training.enable_cpu_offload also moves FSDP's parameters and gradients to the host")
-    if dt.grads != "fp32":
-        refuse(NAME, f"gradient reduction in {dt.grads}: training.mixed_precision_reduce is float32 only")
-    if dt.optimizer != "fp32":
-        refuse(NAME, f"optimizer states in {dt.optimizer}: torchtitan keeps them in the parameters' fp32 dtype")
-    if dt.params not in ("bf16", "fp32"):
-        refuse(NAME, f"parameters in {dt.params}: mixed_precision_param is bfloat16 or float32")
-    if p.model.mtp_layers:
-        refuse(NAME, f"{p.model.name} has {p.model.mtp_layers} multi-token-prediction module(s); torchtitan's config function builds none")
-    if p.attention_kernel != "flash":
-        refuse(NAME, "an unfused attention kernel: torchtitan's configs use SDPA / flex attention")
-    needs_iterations(p, NAME)
-    if p.moe_chunks != 1 or p.moe_capacity_factor is not None or p.moe_dispatcher != "alltoall":
-        refuse(NAME, "chunked MoE dispatch, token dropping and DeepEP dispatch are not exported for torchtitan")
+    check_rules(plan, NAME)
 
 
 def torchtitan_args(plan: LaunchPlan) -> list[str]:

@@ -7,8 +7,9 @@ A shipped problem's best configurations are often ones a framework cannot expres
 with a pipeline, TP for plain DeepSpeed, a CP variant torchtitan lacks): the exporter refuses
 those with the reason, and the tests check the refusal. So that each framework's own code
 also sees configurations it can run from every problem where one exists, each problem is
-solved a second time per framework with the search narrowed (`--set`) to what that framework
-runs; those results are exported the same way. A narrowed problem the search
+solved a second time per framework with the search restricted to what that framework runs
+(`--set search.framework=...`, the exporter's own rules); those results are exported the same
+way. A narrowed problem the search
 finds infeasible is recorded as such (the framework cannot train that model on that cluster).
 
 Solving is the slow part: it runs once per test session, in two worker processes, into a
@@ -31,16 +32,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBLEMS = sorted([*(ROOT / "problems" / "tuning").glob("*.yaml"), *(ROOT / "problems" / "mofa").glob("*.yaml")])
 TOP = 3
 
-#: the search narrowed to what each framework runs (the exporters' refusal rules, as --set)
+#: the search restricted to what each framework runs: search.framework applies the very rules
+#: its exporter refuses by (costmodel.frameworks); torchtitan reduces gradients in fp32 only, a
+#: property of the run the problem states, not a search choice
 NARROWED = {
-    "megatron": ["search.pp_schedule=[1f1b,interleaved_1f1b,flexible]", "features.zero_stage=[0,1]"],
-    "torchtitan": ["search.pp_schedule=[1f1b,interleaved_1f1b,afab,dualpipev]", "features.zero_stage=[3]", "training.dtypes.grads=fp32",
-                   "search.cp_comm=[all_gather]", "search.etp=[1]", "search.layer_split=[even,embedding_loss]",
-                   "features.recompute=[none,full]", "search.recompute_block_layers=[1]", "features.cpu_optimizer=off",
-                   "features.activation_offload=off", "features.ep_overlap=off"],
-    "deepspeed": ["search.tp=[1]", "search.cp=[1]", "search.ep=[1]", "search.pp_schedule=[1f1b]", "search.vp=[1]",
-                  "search.layer_split=[even]", "features.recompute=[none,full]", "search.recompute_block_layers=[1]",
-                  "features.activation_offload=off", "features.fsdp_reshard_after_forward=on"],
+    "megatron": ["search.framework=megatron"],
+    "torchtitan": ["search.framework=torchtitan", "training.dtypes.grads=fp32"],
+    "deepspeed": ["search.framework=deepspeed"],
 }
 #: torchtitan's only Llama 3 405B config function quantizes its GEMMs to fp8 (Float8LinearConverter)
 NARROWED_EXTRA = {("torchtitan", "llama3-405b"): ["training.dtypes.compute=fp8"]}
@@ -88,8 +86,6 @@ def _solve(job: tuple[str, str, list[str], str]) -> tuple[str, str, str, int]:
 
     path, search, sets, folder = job
     argv = ["solve", path, "--top", str(TOP), "--out", folder]
-    if search != "default":
-        argv += ["--method", "exhaustive"]  # the narrowed spaces are small; exhaustive agrees with cpsat (bench/bench_solve.py)
     for s in sets:
         argv += ["--set", s]
     result = os.path.join(folder, "result.json")

@@ -147,13 +147,13 @@ def test_moe_mla_dense_first_layers_node_limited_routing_and_mtp():
     plan = plan_of(problem, tp=1, pp=16, vp=1, ep=64, mbs=1, layer_split="uneven")
     flags = groups(plan)
     for flag in ("--num-experts 256", "--moe-router-topk 8", "--expert-model-parallel-size 64", "--expert-tensor-parallel-size 1",
-                 "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536", "--moe-token-dispatcher-type flex", "--moe-enable-deepep",
+                 "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536", "--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep",
                  "--mtp-num-layers 1", "--moe-router-num-groups 8", "--moe-router-group-topk 4"):
         assert flag in flags, flag
     freq = next(f for f in flags if f.startswith("--moe-layer-freq"))
     assert freq == "--moe-layer-freq [" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
     assert "model.moe_router_num_groups=8" in bridge_overrides(plan)
-    assert {"model.moe_token_dispatcher_type=flex", "model.moe_enable_deepep=true"} <= set(bridge_overrides(plan))
+    assert {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"} <= set(bridge_overrides(plan))
     # an EP group inside 4 nodes: a token can reach every node anyway, no routing groups
     assert not any("router-num-groups" in f for f in groups(plan_of(problem, tp=1, pp=16, ep=32, layer_split="uneven")))
     assert "--mtp-num-layers" in megatron_script(plan)
@@ -380,6 +380,6 @@ def test_moe_dispatcher_capacity_factor_and_chunks():
     dropping = problem.model_copy(update={"training": problem.training.model_copy(update={"moe": moe})})
     flags = groups(plan_of(dropping, tp=1, pp=16, ep=64, layer_split="uneven"))
     assert {"--moe-token-dispatcher-type alltoall", "--moe-expert-capacity-factor 1.25"} <= flags
-    assert "--moe-enable-deepep" not in flags
+    assert "--moe-flex-dispatcher-backend deepep" not in flags
     with pytest.raises(ExportError, match="chunked MoE dispatch"):
         megatron_flags(plan_of(problem, tp=1, pp=16, ep=64, layer_split="uneven", moe_chunks=4))

@@ -59,6 +59,17 @@ VARIANTS = {
     "moe-zero3-modules": (MOE, {"features": {"zero_stage": [2, 3], "recompute": ["none", "selective"]},
                                 "search": {"recompute_modules": [["moe_act"], ["moe"], ["core_attn", "moe_act"]], "mbs": [1], "vp": [1], "tp": [1], "ep": [2, 8],
                                            "pp_schedule": ["1f1b"], "cp_comm": ["p2p"]}}),
+    # search.framework: the frameworks' rules cut skeletons (schedules, CP variants, tp) and
+    # features (ZeRO stages with pp, recompute modes, the EP overlap)
+    "framework-megatron": (DENSE, {"features": {"zero_stage": [1, 2, 3], "recompute": ["none", "full"], "tp_overlap": "off"},
+                                   "search": {"framework": "megatron", "pp_schedule": ["1f1b", "interleaved_1f1b", "afab", "dualpipev"],
+                                              "pp": [1, 2, 4], "tp": [1, 2], "mbs": [1], "vp": [1, 2], "cp_comm": ["p2p"]}}),
+    "framework-torchtitan": ({**DENSE, "model": "llama3.1-8b"},  # the architecture of its llama3_8b config function
+                             {"features": {"zero_stage": [0, 1, 3], "recompute": ["none", "selective", "full"]},
+                              "search": {"framework": "torchtitan", "cp": [1, 2], "cp_comm": ["p2p", "all_gather"], "pp": [1, 2], "tp": [1, 2],
+                                         "mbs": [1], "vp": [1], "pp_schedule": ["1f1b"]}}),
+    "framework-deepspeed": (DENSE, {"features": {"zero_stage": [0, 1, 2, 3]}, "search": {"framework": "deepspeed", "pp": [1, 2, 4], "mbs": [1, 2]}}),
+    "framework-moe-megatron": (MOE, {"training": {"steps": 1000}, "search": {"framework": "megatron", "mbs": [1], "vp": [1, 2], "etp": [1, 2]}}),
 }
 
 
