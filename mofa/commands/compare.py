@@ -45,7 +45,7 @@ def run(args) -> int:
                 entry[method] = None
                 continue
             limit = args.dfs_time_limit if method == "dfs" else None
-            r = solve(problem, method, objective, 1, limit, progress=report)
+            r = solve(problem, method, objective, 1, limit, **({"progress": report} if report is not None else {}))
             if report is not None:
                 print(f"{prefix}{method} {r.status} in {r.solve_time_s:.1f} s", file=sys.stderr, flush=True)
             entry[method] = {"status": r.status, "objective": r.best_value, "solve_time_s": r.solve_time_s, "evaluated": r.evaluated,
