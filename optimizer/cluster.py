@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from costmodel.cluster_choice import ClusterChoice, cluster_problems
 from costmodel.specs import Problem
 from optimizer.result import SolveResult, Stopwatch
@@ -150,11 +152,16 @@ def solve_clusters(problem: Problem, method: str = "cpsat", top_k: int = 1, time
     objective = per_cluster_objective(problem)
     candidates = cluster_problems(problem)
     rows = []
+    interrupted = False
     for i, (choice, sub) in enumerate(candidates):
         limit = None
         if time_limit_s is not None:
             limit = max(0.05, (time_limit_s - clock.elapsed) / (len(candidates) - i))
-        result = solve(sub, method, objective, top_k, limit, distinct_layouts)
+        if interrupted:  # Ctrl-C stopped an earlier cluster's search: the rest are left unsolved
+            result = SolveResult(method, objective, "unknown", np.zeros(0), None, 0.0, 0, stats={"interrupted": True})
+        else:
+            result = solve(sub, method, objective, top_k, limit, distinct_layouts)
+            interrupted = bool(result.stats.get("interrupted"))
         row = ClusterRow(choice, sub, result)
         if result.best_value is not None:
             row.time_to_train_s = _time_to_train(sub, objective, result.best_value)

@@ -31,7 +31,14 @@ class _Stop(Exception):
     pass
 
 
-def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, max_leaves: int | None = None, distinct_layouts: bool = False) -> SolveResult:
+#: seconds between two progress reports
+PROGRESS_EVERY_S = 5.0
+
+
+def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_limit_s: float | None = None, max_leaves: int | None = None,
+              distinct_layouts: bool = False, progress=None) -> SolveResult:
+    """`progress(report)`, when given, is called every PROGRESS_EVERY_S seconds with the leaves
+    and nodes visited, the time spent and the best value so far: a DFS runs for minutes."""
     check_objective(problem, objective)
     clock = Stopwatch()
     space = SearchSpace.from_problem(problem)
@@ -41,6 +48,7 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
     interval = space.interval()
     best = TopK(top_k, distinct_layouts)
     count = {"leaves": 0, "nodes": 0}
+    last_report = [0.0]
 
     def leaf(row: dict) -> None:
         cfg = ConfigBatch.from_columns(G, **row, interval=interval)
@@ -48,6 +56,10 @@ def solve_dfs(problem: Problem, objective: str = "step", top_k: int = 1, time_li
             return
         count["leaves"] += 1
         best.offer(objective_values(evaluate(problem, cfg), objective), cfg)
+        if progress is not None and clock.elapsed - last_report[0] >= PROGRESS_EVERY_S:
+            last_report[0] = clock.elapsed
+            progress({"method": "dfs", "leaves": count["leaves"], "nodes": count["nodes"], "elapsed_s": clock.elapsed,
+                      "best": float(best.values[0]) if len(best.values) else None})
         if (time_limit_s is not None and clock.elapsed > time_limit_s) or (max_leaves and count["leaves"] >= max_leaves):
             raise _Stop
 

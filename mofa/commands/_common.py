@@ -3,6 +3,9 @@ the searches, the calibration interval. Light imports only (this is loaded for -
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 import json
 
 from mofa.report import finite
@@ -73,3 +76,22 @@ def convention_sets(args) -> list[str]:
     if getattr(args, "flops_convention", None):
         sets.append(f"training.flops_convention={args.flops_convention}")
     return sets
+
+
+def add_progress_option(parser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="report a long search's progress on stderr every few seconds (default: when stderr is a terminal)")
+
+
+def progress_printer(args, prefix: str):
+    """The callable a DFS reports its progress to (optimizer.dfs.solve_dfs), writing one line
+    to stderr each time; None when progress is off (--no-progress, or stderr not a terminal)."""
+    wanted = args.progress if args.progress is not None else sys.stderr.isatty()
+    if not wanted:
+        return None
+
+    def report(r: dict) -> None:
+        best = f"{r['best']:.6g}" if r.get("best") is not None else "none yet"
+        print(f"{prefix}{r['method']}: {r['leaves']:,} leaves, {r['nodes']:,} nodes, {r['elapsed_s']:.0f} s, best {best}", file=sys.stderr, flush=True)
+
+    return report

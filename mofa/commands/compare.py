@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from costmodel.loader import ProblemError
-from mofa.commands._common import add_json_option, load_for_search, stamped
+from mofa.commands._common import add_json_option, add_progress_option, load_for_search, progress_printer, stamped
 from mofa.report import finite
 
 NAME = "compare"
@@ -18,6 +19,7 @@ def add_arguments(p) -> None:
     p.add_argument("--objective", choices=("step", "e2e"), help="minimise the step time or the end-to-end time (default: each problem's search.objective)")
     p.add_argument("--dfs-time-limit", type=float, default=600.0, metavar="S", help="stop the DFS after this many seconds")
     p.add_argument("--max-exhaustive", type=float, default=2e7, metavar="N", help="skip exhaustive enumeration above this many configurations")
+    add_progress_option(p)
     add_json_option(p)
 
 
@@ -28,7 +30,9 @@ def run(args) -> int:
     from optimizer.space import SearchSpace
 
     rows = []
-    for path in args.problems:
+    for number, path in enumerate(args.problems, 1):
+        prefix = f"mofa compare [{number}/{len(args.problems)}] {path}: "
+        report = progress_printer(args, prefix)
         problem = load_for_search(path)
         objective = args.objective or problem.search.objective
         try:
@@ -41,7 +45,9 @@ def run(args) -> int:
                 entry[method] = None
                 continue
             limit = args.dfs_time_limit if method == "dfs" else None
-            r = solve(problem, method, objective, 1, limit)
+            r = solve(problem, method, objective, 1, limit, **({"progress": report} if report is not None else {}))
+            if report is not None:
+                print(f"{prefix}{method} {r.status} in {r.solve_time_s:.1f} s", file=sys.stderr, flush=True)
             entry[method] = {"status": r.status, "objective": r.best_value, "solve_time_s": r.solve_time_s, "evaluated": r.evaluated,
                              "config": r.as_dict(problem)["best"]["config"] if r.best_value is not None else None}
         done = [entry[m]["objective"] for m in ("cpsat", "dfs", "exhaustive") if entry.get(m) and entry[m]["status"] in ("optimal", "infeasible")]

@@ -3,13 +3,14 @@ files of the best one to a folder."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
 
 from costmodel.loader import ProblemError
 from mofa.atomic import check_target, write_file_set
-from mofa.commands._common import EXIT_INFEASIBLE, add_convention_option, add_json_option, add_set_option, convention_sets, load_for_search, stamped, with_interval
+from mofa.commands._common import EXIT_INFEASIBLE, add_convention_option, add_json_option, add_progress_option, add_set_option, convention_sets, load_for_search, progress_printer, stamped, with_interval
 from mofa.report import finite
 
 NAME = "solve"
@@ -34,6 +35,7 @@ def add_arguments(p) -> None:
                    help="solve every candidate cluster (search.num_gpus, search.hardware) and report the certified Pareto front of "
                         "(time to train, GPUs or cost, ETTR) (default: off)")
     add_framework_option(p)
+    add_progress_option(p)
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
     add_convention_option(p)
     add_json_option(p)
@@ -80,7 +82,8 @@ def run(args) -> int:
             print(f"mofa solve: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit, args.distinct_layouts,
-                              args.layout_time_limit if args.pipeline_layouts else None, args.pareto)
+                              args.layout_time_limit if args.pipeline_layouts else None, args.pareto,
+                              progress_printer(args, f"mofa solve {args.problem}: "))
     if args.out:
         try:
             write_outputs(problem, out, args.out, plans)
@@ -104,7 +107,7 @@ def run(args) -> int:
 
 
 def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None,
-                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None, pareto: bool = False):
+                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None, pareto: bool = False, progress=None):
     """(the JSON result `solve --json` prints and result.json holds, the top configurations'
     typed launch plans): what `mofa solve` and each run of `mofa batch` compute.
     layout_time_limit_s: search the best configuration's pipeline layout for this long
@@ -116,6 +119,8 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
     from optimizer.result import ObjectiveError
     from optimizer.search import solve
 
+    if progress is not None:
+        solve = functools.partial(solve, progress=progress)
     clusters = None
     try:
         if problem.search.chooses_cluster or pareto:

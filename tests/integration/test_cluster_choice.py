@@ -138,3 +138,24 @@ def test_time_to_train_needs_steps(tmp_path):
     with pytest.raises(ProblemError) as err:
         load_problem(write(tmp_path, data))
     assert err.value.field == "training.steps"
+
+
+def test_ctrl_c_leaves_the_remaining_clusters_unsolved(tmp_path):
+    """Ctrl-C inside one cluster's search returns what was found so far; the clusters after it
+    are not searched, and nothing is certified."""
+    problem = load_problem(write(tmp_path, SMALL))
+    calls = []
+
+    def solve(sub, method, objective, top_k, limit, distinct):
+        from optimizer.search import solve as real
+
+        calls.append(sub.cluster.num_gpus)
+        result = real(sub, method, objective, top_k, limit, distinct)
+        if len(calls) == 2:
+            result.status, result.stats["interrupted"] = "feasible", True  # as an interrupted search reports
+        return result
+
+    solved = solve_clusters(problem, "cpsat", pareto=True, solve=solve)
+    assert len(calls) == 2 and len(solved.rows) == 6
+    assert [r.result.status for r in solved.rows[2:]] == ["unknown"] * 4
+    assert solved.status == "feasible" and not solved.front_certified and solved.gap is None

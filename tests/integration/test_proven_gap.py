@@ -11,6 +11,7 @@ import optimizer.exhaustive
 from costmodel.evaluate import evaluate
 from costmodel.flops import step_time_floor_s
 from costmodel.loader import load_problem
+from optimizer.result import floor_objective
 from optimizer.search import solve
 from optimizer.space import SearchSpace
 
@@ -77,3 +78,17 @@ def test_ctrl_c_returns_the_best_found_so_far(tmp_path, monkeypatch):
     assert calls["n"] == 2
     assert result.status == "feasible" and result.stats["interrupted"]
     assert result.gap is not None and result.best_value >= result.lower_bound > 0
+
+
+@pytest.mark.parametrize("objective", ["step", "e2e"])
+def test_cpsat_time_limit_bounds_table_building(tmp_path, objective):
+    """A limit that runs out while the tables are built: the rows built are searched, the rest
+    bounded by the compute floor; the answer is not certified but carries its gap."""
+    problem = load(tmp_path, DENSE)
+    optimum = solve(problem, "cpsat", objective).best_value
+    stopped = solve(problem, "cpsat", objective, 1, 1e-9)
+    assert stopped.stats["tables_complete"] is False
+    assert stopped.status == "feasible"
+    assert stopped.lower_bound <= optimum <= stopped.best_value
+    assert stopped.lower_bound == pytest.approx(min(stopped.lower_bound, floor_objective(problem, objective)))
+    assert 0 <= stopped.gap < 1
