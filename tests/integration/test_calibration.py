@@ -51,8 +51,11 @@ def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
     other H100 source. The tolerance is the figure results/reference/validate.txt records for
-    this source (19.8%, held out), not a target: the issue's target is 10% per source, and this
-    source misses it (long-sequence CP is where the model is still wrong)."""
+    this source (22.1%, held out), not a target: the issue's target is 10% per source, and this
+    source misses it (long-sequence CP is where the model is still wrong). It was 19.8% before the
+    H100 profile started from kernel terms measured on an H100 and was refitted with the device
+    steps: those moved every other H100 source closer and this one further (a 3.0x attention
+    backward, measured, and the 29.5 us per-kernel overhead weigh on its short CP chunks)."""
     points = chip_points("h100-sxm")
     source = "NeMo long-sequence context parallelism on H100 (Llama 2 7B, FP8)"
     others = [p for p in points if p.source != source]
@@ -66,7 +69,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 19.8 + 0.05  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 22.1 + 0.05  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():
@@ -91,7 +94,7 @@ def test_validate_reports_per_source_unexplained_and_skipped():
     unexplained = {u["name"]: u["reason"] for u in doc["unexplained"]}
     assert "GiB" in unexplained["llama3-405b-8192gpu_seq8k"]  # the model's memory estimate does not fit it
     assert doc["scored"] == sum(1 for p in doc["points"] if p["fitted"] and not p["unexplained"])
-    assert len(doc["skipped"]) == 17 and all(s["reason"] for s in doc["skipped"])
+    assert len(doc["skipped"]) == 17 + 11 and all(s["reason"] for s in doc["skipped"])  # 17 public rows, 11 device OOM configurations
     assert doc["peak_memory"]["n"] >= 10
     strict = run("validate", str(PROBLEMS / "validation"), "--max-mape", "0.5")
     assert strict.returncode == 1 and "exceeds --max-mape" in strict.stderr
@@ -101,7 +104,7 @@ def test_every_metric_converts_to_a_step_time():
     points = load_points(DATA)
     assert {p.measured.metric for p in points} >= {"iteration_time_s", "model_tflops_per_gpu", "tokens_per_s_per_gpu"}
     for p in points:
-        assert 0.1 < p.step_time_s() < 1000
+        assert 0.01 < p.step_time_s() < 1000  # the device source's single-GPU 1B steps take 66 ms
     # Nemotron reports MFU next to its iteration time: our FLOP count reproduces it within 2%
     for p in points:
         if p.measured.reported_mfu:
