@@ -435,7 +435,14 @@ def check_cluster_choices(problem: Problem, path: str) -> None:
     """Every candidate cluster of `search.num_gpus` / `search.hardware` must be a valid
     problem (costmodel.cluster_choice): the first that is not is the error."""
     from costmodel.cluster_choice import ClusterChoiceError, cluster_problems
+    from costmodel.presets import HARDWARE
 
+    prices = problem.search.price_per_gpu_hour
+    if isinstance(prices, dict):  # a misspelt key would be ignored and a cost computed without it
+        known = {problem.hardware.name, *HARDWARE, *(problem.search.hardware or [])}
+        unknown = next((k for k in prices if k not in known), None)
+        if unknown is not None:
+            raise ProblemError(path, "search.price_per_gpu_hour", f"'{unknown}' is not a GPU preset (nor this problem's hardware)")
     if problem.search.chooses_cluster:
         try:
             cluster_problems(problem)

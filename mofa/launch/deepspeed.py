@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from mofa.launch.common import check_rules
+from mofa.launch.common import check_rules, refuse
 from mofa.launch.plan import LaunchPlan
 
 NAME = "DeepSpeed"

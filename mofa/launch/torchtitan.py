@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import shlex
 
-from mofa.launch.common import check_rules
+from mofa.launch.common import check_rules, refuse
 from mofa.launch.plan import LaunchPlan
 
 NAME = "torchtitan"
