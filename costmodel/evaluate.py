@@ -21,7 +21,7 @@ from costmodel.documents import attention_factor
 from costmodel.flops import convention_flops_per_token, mfu_convention, recompute_flops_per_token
 from costmodel.bounds import ideal_network, kind_bounds, step_bounds
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, collectives, kind_costs, layer_time
-from costmodel.memory import MEMORY_KEYS, MemoryContext, communicator_count, choose_bin, nccl_and_context, rank_memory, rank_params
+from costmodel.memory import MEMORY_KEYS, communicator_count, choose_bin, memory_context, rank_memory, rank_params
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
 from costmodel.placement import place, stage_groups
@@ -414,9 +414,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap)
 
     # memory per rank class; the optimizer step of the rank with the most to do
-    context_bytes, nccl_bytes = nccl_and_context(hw)
-    mc = MemoryContext(d_para, d_grad, d_opt, context_bytes, nccl_bytes, hw.host_memory_gb_per_node * GB / cl.gpus_per_node,
-                       m.tied_embeddings, tr.optimizer_memory == "mofa_eq4", tr.allocator_fragmentation)
+    mc = memory_context(problem)
     communicators = communicator_count(cfg, x, moe)
     ledgers = []
     opt_dp, opt_update = [], []

@@ -60,7 +60,7 @@ from costmodel.configs import OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch, Der
 from costmodel.layer import LayerCosts
 from costmodel.pipeline import RankLayers
 from costmodel.specs import MOE_CHUNK_BINS
-from costmodel.units import MIB, optimizer_state_bytes
+from costmodel.units import GB, MIB, optimizer_state_bytes
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "gathered_params", "activations", "optimizer_transient", "comm_buffers", "cuda_context", "fragmentation")
 
@@ -274,3 +274,13 @@ def communicator_count(cfg: ConfigBatch, x: Derived, moe: bool) -> np.ndarray:
 
 def nccl_and_context(hw) -> tuple[float, float]:
     return hw.cuda_context_mib * MIB, hw.nccl_mib_per_group * MIB
+
+
+def memory_context(problem) -> MemoryContext:
+    """The facts of a problem every rank's memory ledger reads (dtype widths, CUDA context and
+    NCCL buffers, the host share per GPU, the optimizer-memory convention, fragmentation)."""
+    m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
+    context_bytes, nccl_bytes = nccl_and_context(hw)
+    return MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
+                         hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
+                         tr.allocator_fragmentation)

@@ -47,13 +47,13 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
-from costmodel.memory import MemoryContext, communicator_count, nccl_and_context, rank_memory
+from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, stage_sizes
 from costmodel.placement import stage_groups
 from costmodel.schedule_sim import schedule_ops, simulate
 from costmodel.specs import Problem
-from costmodel.units import GB, US
+from costmodel.units import US
 
 SYMBOLS = "EtmL"
 
@@ -275,10 +275,7 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     kinds = model_kinds(m, tr)
     net = Network(hw, cl)
     groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
-    context_bytes, nccl_bytes = nccl_and_context(hw)
-    mc = MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
-                       hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
-                       tr.allocator_fragmentation)
+    mc = memory_context(problem)
     pp, vp = int(cfg.pp[0]), int(cfg.vp[0])
     group = int(cfg.pp_group[0]) or None
     sim_schedule, sim_group = (schedule, group) if vp > 1 else ("1f1b", None)
