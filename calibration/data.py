@@ -25,6 +25,11 @@ from costmodel.units import TFLOP
 Metric = Literal["iteration_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"]
 #: configuration fields a source may leave unstated
 UNKNOWABLE = ("mbs", "vp", "recompute", "layer_split")
+#: how a run chose its number of micro-batches: `stated` (the micro-batch size is given or
+#: resolved like any unknown field) or `per_pipeline_stage` (torchtitan before its 2025
+#: `pipeline_parallel_microbatch_size`: `pipeline_parallel_microbatches` unset means one
+#: micro-batch per pipeline stage, pp x vp, so the micro-batch size is the local batch over pp x vp)
+MICROBATCH_RULES = ("stated", "per_pipeline_stage")
 
 
 class Measured(Spec):
@@ -62,6 +67,7 @@ class Point:
     measured: Measured
     unknown: tuple[str, ...] = field(default_factory=tuple)
     source: str = ""  # the campaign it was measured in: held out together under source cross-validation
+    microbatches: str = "stated"  # MICROBATCH_RULES
 
     def __post_init__(self):
         self.source = self.source or self.measured.source
@@ -117,6 +123,7 @@ def _point(data: dict, path: str, where: str = "", source: str = "") -> Point:
 def _point_unprefixed(data: dict, path: str, source: str) -> Point:
     measured = data.pop("measured", None)
     unknown = data.pop("unknown", []) or []
+    microbatches = data.pop("microbatches", "stated")
     if measured is None:
         raise ProblemError(path, "measured", "a validation point needs a measured section")
     try:
@@ -129,6 +136,8 @@ def _point_unprefixed(data: dict, path: str, source: str) -> Point:
     bad = [u for u in unknown if u not in UNKNOWABLE]
     if bad:
         raise ProblemError(path, "unknown", f"cannot resolve {bad} (resolvable: {', '.join(UNKNOWABLE)})")
+    if microbatches not in MICROBATCH_RULES:
+        raise ProblemError(path, "microbatches", f"'{microbatches}' is not a micro-batch rule ({', '.join(MICROBATCH_RULES)})")
     data.setdefault("name", Path(path).stem)
     config = data.pop("config", None)
     if config is None:
@@ -140,11 +149,35 @@ def _point_unprefixed(data: dict, path: str, source: str) -> Point:
     except ValidationError as exc:
         fld, message = _describe(exc)
         raise ProblemError(path, f"config.{fld}" if fld else "config", message) from None
+    if microbatches == "per_pipeline_stage":
+        _check_per_stage_microbatches(problem, unknown, path)
     if not unknown:  # fully stated: it must obey the rules now (resolved points obey them by search)
         broken = config_violations(problem, problem.config)
         if broken:
             raise ProblemError(path, f"config.{broken[0][0]}", broken[0][1])
-    return Point(problem.name, path, problem, measured, tuple(unknown), source)
+    return Point(problem.name, path, problem, measured, tuple(unknown), source, microbatches)
+
+
+def local_batch(problem: Problem) -> float:
+    """Sequences one data-parallel replica takes per step (global batch over dp)."""
+    c = problem.config
+    dp = problem.cluster.num_gpus // (c.tp * c.cp * c.pp)
+    return problem.training.global_batch_size / dp
+
+
+def _check_per_stage_microbatches(problem: Problem, unknown: list, path: str) -> None:
+    """Under `per_pipeline_stage` the micro-batch size follows from vp: stated with a known vp
+    (and then it must be the rule's), resolved with vp when vp is unknown."""
+    c = problem.config
+    if "vp" in unknown:
+        if "mbs" not in unknown:
+            raise ProblemError(path, "unknown", "microbatches: per_pipeline_stage derives mbs from vp: an unknown vp makes mbs unknown too")
+        return
+    if "mbs" in unknown:
+        raise ProblemError(path, "unknown", "microbatches: per_pipeline_stage derives mbs from the stated vp: state it")
+    expected = local_batch(problem) / (c.pp * c.vp)
+    if c.mbs != expected:
+        raise ProblemError(path, "config.mbs", f"microbatches: per_pipeline_stage makes the micro-batch the local batch over pp x vp ({expected:g}), not {c.mbs}")
 
 
 def load_point(path: str) -> Point:

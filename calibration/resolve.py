@@ -4,7 +4,7 @@ well-tuned configuration), with the hardware profile being calibrated."""
 
 from __future__ import annotations
 
-from calibration.data import Point
+from calibration.data import Point, local_batch
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.layout import layout_name
@@ -24,8 +24,39 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
     configuration (None when no admissible one exists) is returned for display only and is never
     scored into an accuracy figure."""
     problem = point.problem if hardware is None else point.problem.model_copy(update={"hardware": hardware})
+    if point.microbatches == "per_pipeline_stage" and "vp" in point.unknown:
+        return _resolve_per_stage_microbatches(problem, point.unknown)
+    return _resolve(problem, point.unknown)
+
+
+def _resolve_per_stage_microbatches(problem: Problem, unknown: tuple[str, ...]) -> tuple[ConfigBatch | None, dict]:
+    """vp unknown under torchtitan's one micro-batch per pipeline stage: every vp whose pp x vp
+    micro-batches divide the local batch is resolved with its micro-batch size, the fastest wins."""
+    known = problem.config
+    local = local_batch(problem)
+    rest = tuple(u for u in unknown if u not in ("vp", "mbs"))
+    least_vp = 2 if known.pp_schedule == "interleaved_1f1b" else 1
+    candidates, failure = [], None
+    for vp in range(least_vp, int(local // known.pp) + 1):
+        mbs = local / (known.pp * vp)
+        if mbs != int(mbs) or problem.model.num_layers < known.pp * vp:
+            continue
+        sub = problem.model_copy(update={"config": known.model_copy(update={"vp": vp, "mbs": int(mbs)})})
+        cfg, picks = _resolve(sub, rest)
+        if cfg is not None and UNEXPLAINED not in picks:
+            step = float(evaluate(sub, cfg.take([0])).step_time_s[0])
+            candidates.append((step, vp, cfg, {"vp": vp, "mbs": int(mbs), **picks}))
+        elif failure is None:
+            failure = (cfg, picks)
+    if not candidates:
+        return failure or (None, {UNEXPLAINED: "no vp gives a whole number of micro-batches per pipeline stage"})
+    _, _, cfg, picks = min(candidates, key=lambda c: (c[0], c[1]))
+    return cfg, picks
+
+
+def _resolve(problem: Problem, unknown: tuple[str, ...]) -> tuple[ConfigBatch | None, dict]:
     known: ConfigSpec = problem.config
-    if not point.unknown:
+    if not unknown:
         cfg = ConfigBatch.from_specs(problem, [known])
         peak = float(evaluate(problem, cfg).memory_bytes["peak"][0])
         if peak > problem.hardware.memory_bytes:
@@ -35,11 +66,11 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
     search = {"tp": [known.tp], "cp": [known.cp], "pp": [known.pp], "ep": [known.ep]}
     if known.etp is not None:
         search["etp"] = [known.etp]
-    if "vp" not in point.unknown:
+    if "vp" not in unknown:
         search["vp"] = [known.vp]
-    if "mbs" not in point.unknown:
+    if "mbs" not in unknown:
         search["mbs"] = [known.mbs]
-    if known.first_stage_layers is not None or known.last_stage_layers is not None or "vp" not in point.unknown:
+    if known.first_stage_layers is not None or known.last_stage_layers is not None or "vp" not in unknown:
         # a known layout: keep its first/last stage layers
         first, last = int(fixed.first_layers[0]), int(fixed.last_layers[0])
         search["layer_split"] = [_layout_of(problem, known, first, last)]
@@ -47,8 +78,8 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
         search["layer_split"] = [known.layer_split]
     features = {}
     for name in FEATURES:
-        features[name] = "allowed" if name in point.unknown else ("on" if getattr(known, name) else "off")
-    features["recompute"] = ["none", "selective", "full"] if "recompute" in point.unknown else [known.recompute]
+        features[name] = "allowed" if name in unknown else ("on" if getattr(known, name) else "off")
+    features["recompute"] = ["none", "selective", "full"] if "recompute" in unknown else [known.recompute]
     features["zero_stage"] = [known.zero_stage]
     features["activation_offload"] = "on" if known.activation_offload else "off"
     reshard = known.reshard_after_forward if known.reshard_after_forward is not None else True
@@ -68,7 +99,7 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
         search["pp_schedule"] = [schedule]
         if known.pp_group:
             search["pp_group"] = [known.pp_group]
-    elif "vp" in point.unknown:
+    elif "vp" in unknown:
         search["pp_schedule"] = ["1f1b", "interleaved_1f1b"]  # Megatron's, by vp
     else:
         search["pp_schedule"] = ["interleaved_1f1b" if known.vp > 1 else "1f1b"]
@@ -92,8 +123,8 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
             UNEXPLAINED: f"no value of the unknown fields fits the model's memory estimate (the fastest needs {peak / GIB:.1f} of {sub.hardware.memory_bytes / GIB:.1f} GiB)"
         }
     chosen = result.top_configs.row(0)
-    picks = {name: chosen[name] for name in point.unknown if name != "layer_split"}
-    if "layer_split" in point.unknown:
+    picks = {name: chosen[name] for name in unknown if name != "layer_split"}
+    if "layer_split" in unknown:
         picks["layer_split"] = f"{chosen['first_stage_layers']}/{chosen['last_stage_layers']} layers on the first/last stage"
 
     return result.top_configs, picks

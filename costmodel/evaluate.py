@@ -188,6 +188,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Lay
     h = m.hidden_size
     proj = arch.Gemm("mtp_proj", shard.tokens, h / shard.t, np.full_like(shard.tokens, 2 * h))
     mtp_compute = comp.gemm_time(proj) + sum(comp.gemm_backward_times(proj)) + head_gemm + head_dgrad + head_wgrad + 2.0 * head_mem
+    staging = hw.tp_overlap_buffers if tr.tp_overlap_impl == "userbuffers" else 0  # async TP stages nothing
     return LayerCosts(
         kinds=[kind_costs(work, t, cfg, b) for work, t, b in zip(works, times, per_kind)],
         embedding_f=emb_f,
@@ -201,7 +202,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Lay
         head_params=edge.head_params_local + 0.0 * emb_f,
         # Megatron sends [s/cp(/tp with SP), b, h]; old Megatron's scatter/gather sent 1/tp without SP
         hop_bytes=d_act * (shard.tokens / shard.t if tr.p2p_scatter_gather else shard.tokens_sp) * m.hidden_size,
-        comm_buffer_bytes=np.maximum.reduce([layer_buffers(work, cfg, shard, d_act, h, hw.tp_overlap_buffers) for work in works]),
+        comm_buffer_bytes=np.maximum.reduce([layer_buffers(work, cfg, shard, d_act, h, staging) for work in works]),
         mtp_compute=mtp_compute if m.mtp_layers else 0.0 * emb_f,
         mtp_params=(2 * h * h / shard.t + 2 * h) + 0.0 * emb_f,
     )

@@ -490,6 +490,14 @@ class TrainingSpec(Spec):
         description="which fused-attention implementation the framework runs (its efficiency: "
         "efficiency.attention_impls); None: the profile's attention curve",
     )
+    tp_overlap_impl: Literal["userbuffers", "symmetric_memory"] = Field(
+        default="userbuffers",
+        description="how TP communication is overlapped when tp_overlap is on: userbuffers = Transformer Engine's "
+        "(Megatron-LM, NeMo), which keeps hardware.tp_overlap_buffers activation-sized staging buffers; "
+        "symmetric_memory = PyTorch's async TP (torchtitan enable_async_tensor_parallel): fused all-gather/"
+        "reduce-scatter matmuls that work in the gathered buffer the unoverlapped path allocates anyway, no "
+        "staging buffers (torchtitan Table 4: 71.9 GiB without, 67.6 GiB with it)",
+    )
     loss_kernel: Literal["fused", "eager_fp32"] = Field(
         default="fused",
         description="the cross-entropy: fused = Megatron's vocab-parallel kernel (fp32 softmax saved, its gradient "

@@ -107,3 +107,19 @@ def test_zero3_under_1f1b_holds_the_stage_gradients_and_names_the_last_rank():
     assert float(ev.memory_bytes["grads"][0]) == pytest.approx(4 * stage_params * (1 + 1 / 64), rel=1e-9)
     flat = evaluate(problem, ConfigBatch.from_columns(128, pp=1, first_layers=80, last_layers=80, **common))
     assert float(flat.memory_bytes["grads"][0]) < 0.1 * float(ev.memory_bytes["grads"][0])
+
+
+def test_async_tp_stages_nothing_userbuffers_stage_an_activation_per_gemm_and_direction():
+    """Transformer Engine's TP overlap keeps hardware.tp_overlap_buffers [s*b, h] staging
+    buffers; PyTorch's async TP (torchtitan) fuses the collectives into the matmuls and keeps
+    none, so its buffers are those of the unoverlapped run (torchtitan's Table 4: 67.6 GiB with
+    AsyncTP, 71.9 GiB without)."""
+    def comm_buffers(impl, overlap):
+        problem = load_problem(BASE, ["config=null", f"training.tp_overlap_impl={impl}"])
+        cfg = ConfigBatch.from_columns(64, tp=8, pp=1, tp_overlap=overlap, mbs=1, first_layers=126, last_layers=126)
+        return float(evaluate(problem, cfg).memory_bytes["comm_buffers"][0])
+
+    problem = load_problem(BASE)
+    full = 2 * problem.training.seq_len * problem.model.hidden_size  # [s, b=1, h] bf16 on one rank
+    assert comm_buffers("symmetric_memory", 1) == comm_buffers("userbuffers", 0)
+    assert comm_buffers("userbuffers", 1) - comm_buffers("userbuffers", 0) == pytest.approx(problem.hardware.tp_overlap_buffers * full)

@@ -113,3 +113,46 @@ def test_a_knob_needs_ten_points_that_exercise_it():
     assert len(knobs) <= len(a100) // 10
     few = [p for p in a100 if p.source.startswith("torchtitan")]  # 5 points
     assert default_knobs(few) == ()  # no knob has ten points behind it: nothing is fitted
+
+
+PIPELINED = {
+    "source": "a pipelined campaign",
+    "models": {"deep": {"source": "test", "num_layers": 32, "hidden_size": 2048, "num_heads": 16, "ffn_hidden_size": 8192, "vocab_size": 32000}},
+    "common": {
+        "hardware": "h100-sxm",
+        "cluster": {"num_gpus": 16, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 32},
+        "config": {"tp": 1, "pp": 4, "zero_stage": 1},
+        "microbatches": "per_pipeline_stage",
+        "measured": {"metric": "tokens_per_s_per_gpu", "source": "test table"},
+    },
+    "columns": ["name", "model", "config.pp_schedule", "config.mbs", "unknown", "measured.value"],
+    "rows": [["one", "deep", "1f1b", 2, [], 20000], ["inter", "deep", "interleaved_1f1b", 1, ["vp", "mbs"], 20000]],
+}
+
+
+def test_one_micro_batch_per_pipeline_stage_sets_the_micro_batch_size(tmp_path):
+    """torchtitan's default before pipeline_parallel_microbatch_size: pp x vp micro-batches, so
+    the local batch (32 / dp 4 = 8) over pp 4 is a micro-batch of 2 in 1F1B, and an unknown vp
+    is resolved together with the micro-batch size it implies."""
+    one, inter = load_points([str(write(tmp_path, PIPELINED))])
+    assert one.microbatches == "per_pipeline_stage" and one.problem.config.mbs == 2
+    cfg, chosen = resolve(inter)
+    assert UNEXPLAINED not in chosen
+    assert chosen["vp"] >= 2 and chosen["mbs"] * 4 * chosen["vp"] == 8
+    assert int(cfg.vp[0]) == chosen["vp"] and int(cfg.mbs[0]) == chosen["mbs"]
+
+
+@pytest.mark.parametrize("change,field,message", [
+    (lambda d: d["rows"][0].__setitem__(3, 4), "rows[0].config.mbs", "local batch over pp x vp (2)"),
+    (lambda d: d["rows"][1].__setitem__(4, ["vp"]), "rows[1].unknown", "makes mbs unknown too"),
+    (lambda d: d["common"].__setitem__("microbatches", "sometimes"), "rows[0].microbatches", "not a micro-batch rule"),
+])
+def test_a_micro_batch_rule_the_row_breaks_is_named(tmp_path, change, field, message):
+    import copy
+
+    doc = copy.deepcopy(PIPELINED)
+    change(doc)
+    with pytest.raises(ProblemError) as err:
+        load_dataset([str(write(tmp_path, doc))])
+    assert err.value.field == field and message in err.value.message, str(err.value)
