@@ -24,9 +24,9 @@ NO_COST = {
     "_name_or_path", "name_or_path", "quantization_config", "auto_map", "use_sliding_window", "full_attention_interval",
     "n_positions", "n_ctx", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "task_specific_params",
-    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "attn_output_gate", "router_jitter_noise", "swiglu_limit",
+    "mtp_use_dedicated_embeddings", "attn_output_gate", "router_jitter_noise", "swiglu_limit",
     "initial_context_length", "rope_interleave", "qk_rope_head_dim_interleave", "use_qk_norm", "qk_layernorm", "layer_types",
-    "sliding_window", "num_nextn_predict_layers", "scoring_func", "n_group", "topk_group", "linear_num_key_heads",
+    "sliding_window", "num_nextn_predict_layers", "mtp_num_hidden_layers", "scoring_func", "n_group", "topk_group", "linear_num_key_heads",
     "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "decoder_sparse_step",
     "mlp_only_layers", "first_k_dense_replace", "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts",
     "n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok", "experts_per_token", "kv_lora_rank", "q_lora_rank",
@@ -84,7 +84,8 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         linear_bias=bool(cfg.get("attention_bias") or cfg.get("mlp_bias") or cfg.get("bias") or gpt2),
         position_embedding="learned" if gpt2 else "rope",
         qk_layernorm=bool(cfg.get("qk_layernorm") or cfg.get("use_qk_norm") or model_type in QK_NORM_MODELS),
-        mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        # DeepSeek-V3 names its MTP modules num_nextn_predict_layers, Qwen3-Next/3.5 mtp_num_hidden_layers
+        mtp_layers=int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0),
         attention_output_gate=bool(cfg.get("attn_output_gate")),
         attention_sinks=model_type == "gpt_oss",  # GptOssAttention.sinks: no config key, always there
     )

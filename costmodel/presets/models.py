@@ -135,7 +135,7 @@ _register(ModelSpec(
 _register(ModelSpec(
     name="qwen3.5-35b-a3b",
     source="HF Qwen/Qwen3.5-35B-A3B config.json text_config (hf_configs/qwen3_5_35b_a3b.json); model card: 35B total, 3B activated, "
-    "hidden layout 10 x (3 x (Gated DeltaNet -> MoE) -> 1 x (Gated Attention -> MoE)); MTP layer (mtp_num_hidden_layers 1) not modelled",
+    "hidden layout 10 x (3 x (Gated DeltaNet -> MoE) -> 1 x (Gated Attention -> MoE)); one MTP module (config mtp_num_hidden_layers 1)",
     num_layers=40,  # card: 40 layers
     hidden_size=2048,  # card: hidden dimension 2048
     num_heads=16,  # card: Gated Attention, 16 Q heads
@@ -156,6 +156,7 @@ _register(ModelSpec(
     ),
     qk_layernorm=True,  # HF Qwen3_5Moe attention: q_norm and k_norm
     attention_output_gate=True,  # config attn_output_gate; card: "Gated Attention"
+    mtp_layers=1,  # config mtp_num_hidden_layers 1 (trained with multi-token prediction; a full-attention MoE layer, as DeepSeek-V3's)
 ))
 
 _register(ModelSpec(

@@ -55,7 +55,8 @@ def test_qwen35_35b_a3b_counts():
     is that rounding: total within 35 +- 0.5B, active (both embeddings, the convention of the
     Qwen3 presets) within 3 +- 0.5B."""
     m = MODELS["qwen3.5-35b-a3b"]
-    assert 34.5e9 <= arch.total_params(m) < 35.5e9
+    assert m.mtp_layers == 1  # config mtp_num_hidden_layers; the card's 35B, like DeepSeek-V3's 671B, is the main model
+    assert 34.5e9 <= arch.total_params(m) - arch.mtp_params(m) < 35.5e9
     assert 2.5e9 <= active_params(m, embeddings=2) < 3.5e9
     assert m.kind_counts() == {("linear_attention", "moe"): 30, ("full_attention", "moe"): 10}
 
@@ -99,14 +100,14 @@ def test_llama31_405b_counts():
 def test_gated_attention_widens_the_query_projection():
     """Qwen3.5's gated attention: q_proj emits 2 x heads x head_dim (query and gate), so each of
     the 10 full-attention layers holds h x 16 x 256 more parameters and every token passes
-    through them; the linear-attention layers are unchanged."""
+    through them (and its MTP module's full-attention layer); the linear-attention layers are unchanged."""
     m = MODELS["qwen3.5-35b-a3b"]
     plain = m.model_copy(update={"attention_output_gate": False})
     full, linear = ("full_attention", "moe"), ("linear_attention", "moe")
     assert arch.layer_params(m, full) - arch.layer_params(plain, full) == 2048 * 16 * 256
     assert arch.active_matmul_params(m, full) - arch.active_matmul_params(plain, full) == 2048 * 16 * 256
     assert arch.layer_params(m, linear) == arch.layer_params(plain, linear)
-    assert arch.total_params(m) - arch.total_params(plain) == 10 * 2048 * 16 * 256
+    assert arch.total_params(m) - arch.total_params(plain) == (10 + m.mtp_layers) * 2048 * 16 * 256
 
 
 def test_attention_sinks_are_one_parameter_per_head():
