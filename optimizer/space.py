@@ -392,7 +392,8 @@ class SearchSpace:
         for name in open_switches:
             any_value = np.zeros(len(cfg), bool)
             for value in self.flags[name]:
-                trial = violations(self.problem, ConfigBatch.from_columns(G, **{**base, name: value}))
+                # the switch's first value is what `base` holds: its violations are known
+                trial = bad if value == self.flags[name][0] else violations(self.problem, ConfigBatch.from_columns(G, **{**base, name: value}))
                 holds = np.ones(len(cfg), bool)
                 for rule in self.switch_rules[name]:
                     holds &= ~trial[rule]
