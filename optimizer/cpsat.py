@@ -9,7 +9,8 @@ overlap) change no memory; the bound takes the best of them, and the outer loop 
 admissible choice exactly.
 
 Tables (`build_tables`) come from the exact model itself: `evaluate` scores every row under
-every admissible (TP, CP, EP, DP) overlap choice, and the bound of a row is
+its first (TP, CP, EP, DP) overlap choice, which gives its memory, and the rows that fit under
+every other admissible choice too; the bound of a row is
   * steady state + bubble + ZeRO-2/3 traffic inside the pipeline (eqs. 9-12): the least over
     those choices (memory does not depend on them);
   * pipeline p2p (eq. 23): the least over the admissible PP-overlap choices of the exposure
@@ -27,6 +28,17 @@ configurations are certified optimal (top-K included). Under a time limit the an
 the gap to the best proven bound. Rows are disaggregated (the optimizer mode is part of the row)
 because coupling rows to separate optimizer Booleans left the LP loose: the first formulations
 took up to 200 s where this one takes a second.
+
+Three paths, reported as the result's stats["path"] (`choose_path` picks one up front):
+  * exhaustive scoring (optimizer.exhaustive.score_space, on this space and clock) where
+    scoring every leaf costs no more than the tables are expected to: the tables score about
+    one configuration per row plus one per fitting row and overlap choice, the enumerator one
+    per leaf, so a space whose rows mostly fit and that has few overlap choices per row (no
+    pipeline overlap to bound by its floor) is cheaper to score whole;
+  * bound-ordered scoring of the tables, no solver, up to DIRECT_ROWS fitting rows;
+  * the CP-SAT model above, beyond that.
+All three are certified the same way (exhaustive: by having scored everything), and a time
+limit bounds the whole solve, the path choice included.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.specs import Problem
 from costmodel.units import GB
+from optimizer.exhaustive import score_space
 from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, e2e_of_step, floor_objective, objective_values
 from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SearchSpace
 
@@ -59,6 +72,22 @@ CHUNK = 65536  # configurations per exact-model batch
 #: sort and scoring took 0.02 s, for the same certified optimum. The cap only bounds the sort's
 #: memory; tests set it to 0 to exercise the solver path.
 DIRECT_ROWS = 50_000_000
+#: which path `solve_cpsat` takes: "auto" (`choose_path`), or "tables" or "exhaustive" (tests)
+PATH = "auto"
+#: the cost of one configuration the tables score, in configurations the exhaustive enumerator
+#: scores in the same time: 1.37 on DeepSeek-V3 on 1,024 GPUs, 1.43 on Llama-2-70B on 1,024
+#: (the tables check the rules twice per configuration, and their batches share fewer layer
+#: costs)
+TABLE_COST = 1.4
+#: the fixed cost of one batch of the exact model, in configurations: 8-14 ms a call whatever
+#: its size, against 2.5-3 us a configuration (llama2_70b_128gpu, deepseek_v3_1024gpu_sn256):
+#: on small spaces the tables' many small batches cost more than their configurations
+BATCH_COST = 4000
+#: batches of bound-ordered scoring (blocks of 64, 128, ... rows, then the final ranking)
+SCORING_BATCHES = 5
+#: rows whose memory estimates the share of rows that fit (`table_work`)
+PATH_SAMPLE = 2048
+EXHAUSTIVE_PATH = "exhaustive scoring (scoring every leaf costs less than building the tables)"
 
 
 def _floor(x) -> np.ndarray:
@@ -123,11 +152,7 @@ def _group_tables(problem: Problem, space: SearchSpace, skeletons: np.ndarray, c
     fitting rows) of one signature group, or None. Rows go to `_block_tables` CHUNK at a time;
     when `out_of_time()` turns true, the rows scored so far are returned and True is appended
     to `stopped`."""
-    choices = space.memory_choices
-    gate = dict(zip(space.GATES, ((code >> i) & 1 for i in range(len(space.GATES)))))
-    mem_ok = np.flatnonzero((choices[:, MEMORY_FEATURES.index("zero_stage")] == 0) | (gate["zero_stage"] == 1))
-    options = [tuple(v for v in space.flags[n] if v == 0 or gate[n]) for n in LAYER_OVERLAPS]
-    triples = np.array(list(itertools.product(*options)), dtype=float)
+    mem_ok, triples = _group_choices(space, code)
     if len(skeletons) == 0 or len(mem_ok) == 0 or len(triples) == 0:
         return None
     row_sk = np.repeat(skeletons, len(mem_ok))
@@ -142,6 +167,69 @@ def _group_tables(problem: Problem, space: SearchSpace, skeletons: np.ndarray, c
         if stopped:
             break
     return (len(row_sk),) + tuple(np.concatenate([part[i] for part in parts]) for i in range(5))
+
+
+def _group_choices(space: SearchSpace, code: int) -> tuple[np.ndarray, np.ndarray]:
+    """(memory choices, LAYER_OVERLAPS value triples) that skeletons of signature `code` may
+    take: ZeRO only with a data-parallel group, each overlap only where the gate allows it."""
+    gate = dict(zip(space.GATES, ((code >> i) & 1 for i in range(len(space.GATES)))))
+    choices = space.memory_choices
+    mem_ok = np.flatnonzero((choices[:, MEMORY_FEATURES.index("zero_stage")] == 0) | (gate["zero_stage"] == 1))
+    options = [tuple(v for v in space.flags[n] if v == 0 or gate[n]) for n in LAYER_OVERLAPS]
+    return mem_ok, np.array(list(itertools.product(*options)), dtype=float).reshape(-1, len(LAYER_OVERLAPS))
+
+
+def _fitting(problem: Problem, peak_bytes: np.ndarray, host_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(memory, host memory, fits) in the tables' units: build_model's constraints, applied
+    before the model is built."""
+    G = problem.cluster.num_gpus
+    gpu_capacity, host_capacity = _capacities(problem, G)
+    memory, host = _floor(peak_bytes * G / MB), _floor(host_bytes * G / MB)
+    return memory, host, (memory <= gpu_capacity) & (host <= host_capacity)
+
+
+def table_work(problem: Problem, space: SearchSpace) -> tuple[float, int]:
+    """(configurations, batches) of the exact model `build_tables` is expected to score: every
+    row once under its first overlap choice, and the rows that fit under their other choices
+    (`_block_tables`). The share that fits is estimated on PATH_SAMPLE rows spread evenly over
+    each signature group (deterministic), each standing for its share of the group."""
+    sig = space._signature(space.skeletons)
+    groups = []
+    for code in np.unique(sig):
+        mem_ok, triples = _group_choices(space, int(code))
+        if len(mem_ok) and len(triples):
+            groups.append((np.flatnonzero(sig == code), mem_ok, triples))
+    rows = sum(len(skeletons) * len(mem_ok) for skeletons, mem_ok, _ in groups)
+    if rows == 0:
+        return 0.0, 0
+    samples, weights, group = [], [], []
+    for g, (skeletons, mem_ok, triples) in enumerate(groups):
+        n = len(skeletons) * len(mem_ok)
+        k = min(n, max(1, round(PATH_SAMPLE * n / rows)))
+        pick = (np.arange(k) * n) // k  # row i is skeleton i // len(mem_ok) with choice i % len(mem_ok)
+        samples.append(_row_configs(problem, space, skeletons[pick // len(mem_ok)], mem_ok[pick % len(mem_ok)], triples[:1]))
+        weights.append(np.full(k, n / k * (len(triples) - 1)))
+        group.append(np.full(k, g))
+    ev = evaluate(problem, ConfigBatch.concat(samples))
+    fits = _fitting(problem, ev.memory_bytes["peak"], ev.host_bytes)[2]
+    others = np.bincount(np.concatenate(group)[fits], weights=np.concatenate(weights)[fits], minlength=len(groups))
+    batches = SCORING_BATCHES
+    for (skeletons, mem_ok, _), extra in zip(groups, others):
+        blocks = -(-len(skeletons) * len(mem_ok) // CHUNK)
+        batches += 2 * blocks + int(math.ceil(extra / CHUNK))  # first choices and the pp rules per block, then the others
+    return rows + float(others.sum()), batches
+
+
+def choose_path(problem: Problem, space: SearchSpace) -> tuple[str, dict]:
+    """"exhaustive" where scoring every leaf (SearchSpace.enumeration) costs no more than the
+    tables' expected work (`table_work`), in configurations the enumerator scores (TABLE_COST,
+    BATCH_COST), else "tables"; with the figures."""
+    leaves, batches = space.enumeration(CHUNK)
+    work, table_batches = table_work(problem, space)
+    enumeration = leaves + BATCH_COST * batches
+    tables = TABLE_COST * work + BATCH_COST * table_batches
+    figures = {"leaves": leaves, "table_work": int(round(work)), "cost_ratio": round(tables / max(enumeration, 1), 3)}
+    return ("exhaustive" if enumeration <= tables else "tables"), figures
 
 
 #: the fields a table row fixes: its skeleton, its memory choice and the layer overlaps (the
@@ -190,14 +278,13 @@ def _block_tables(problem: Problem, space: SearchSpace, row_sk: np.ndarray, row_
     TP overlap off wherever off is allowed. So every row is scored under its first choice,
     and only the rows that fit (build_model's capacities, in its units) under the others: the
     rows that cannot fit (three in four on DeepSeek-V3 on 1,024 GPUs) cost one configuration
-    each, not one per overlap choice. When `out_of_time()` turns true between batches, the
+    each, not one per overlap choice (`_fitting`). When `out_of_time()` turns true between batches, the
     rows scored under every choice so far are returned and True is appended to `stopped`."""
     G = problem.cluster.num_gpus
-    gpu_capacity, host_capacity = _capacities(problem, G)
     first = _row_configs(problem, space, row_sk, row_choice, triples[:1])
     terms = _bound_terms(problem, space, first)
-    memory, host = _floor(terms["peak"] * G / MB), _floor(terms["host"] * G / MB)
-    fit = np.flatnonzero((memory <= gpu_capacity) & (host <= host_capacity))
+    memory, host, fits = _fitting(problem, terms["peak"], terms["host"])
+    fit = np.flatnonzero(fits)
     n_tri = len(triples)
     steady, update = np.empty((len(fit), n_tri)), np.empty((len(fit), n_tri))
     steady[:, 0], update[:, 0] = terms["steady_bubble"][fit], terms["update"][fit]
@@ -292,6 +379,17 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
     clock = Stopwatch()
     space = SearchSpace.from_problem(problem)
     stats = {"skeletons": len(space.skeletons)}
+    if len(space.skeletons):
+        path = PATH
+        if path == "auto":
+            path, figures = choose_path(problem, space)
+            stats.update(figures)
+        if path == "exhaustive":  # the enumerator itself, on this space and this clock
+            stats["path"] = EXHAUSTIVE_PATH
+            result = score_space(problem, space, objective, top_k, time_limit_s, CHUNK, distinct_layouts, clock, "cpsat", stats)
+            if result.status == "infeasible":
+                result.lower_bound = math.inf  # as the tables' paths say it: nothing is admissible
+            return result
     out_of_time = None if time_limit_s is None else (lambda: clock.elapsed > time_limit_s)
     tb = build_tables(problem, space, out_of_time) if len(space.skeletons) else None
     if tb is not None and not tb.complete:
@@ -300,7 +398,7 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
         stats["tables_complete"] = False
         result = _solve_tables(problem, space, tb, objective, top_k, time_limit_s, workers, distinct_layouts, clock, stats)
         return _partial(problem, space, result, objective)
-    if tb is None or len(tb.objective) == 0:
+    if tb is None:  # no admissible skeleton
         return SolveResult("cpsat", objective, "infeasible", np.zeros(0), None, clock.elapsed, 0, lower_bound=math.inf, space_size=space.size, stats=stats)
     return _solve_tables(problem, space, tb, objective, top_k, time_limit_s, workers, distinct_layouts, clock, stats)
 
@@ -321,6 +419,7 @@ def _solve_tables(problem, space, tb, objective, top_k, time_limit_s, workers, d
     """Search the tables: score them in bound order when small, else CP-SAT (module docstring)."""
     stats.update(choices=tb.paired, fitting=len(tb.objective), tables_s=round(clock.elapsed, 3))
     if len(tb.objective) == 0:
+        stats["path"] = "tables (no admissible row fits)"
         return SolveResult("cpsat", objective, "infeasible", np.zeros(0), None, clock.elapsed, 0, lower_bound=math.inf, space_size=space.size, stats=stats)
     best = TopK(top_k, distinct_layouts)  # ranked by step time: the end-to-end time increases with it
     evaluated = 0

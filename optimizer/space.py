@@ -325,6 +325,18 @@ class SearchSpace:
                 sk = skeletons[start:start + per]
                 yield self.combine(np.repeat(sk, F), np.tile(features, len(sk)), interval)
 
+    def enumeration(self, chunk: int = 65536) -> tuple[int, int]:
+        """(configurations, batches) that `batches(chunk)` yields -- the exhaustive
+        enumerator's work, before the feature rules -- counted without building them."""
+        sig = self._signature(self.skeletons)
+        configurations = count = 0
+        for code, n in zip(*np.unique(sig, return_counts=True)):
+            F = int(self._features_for(int(code)).sum())
+            if F:
+                configurations += int(n) * F
+                count += -(-int(n) // max(1, chunk // F))
+        return configurations, count
+
     #: what a skeleton's own fields allow: (bit of the signature, the feature it gates)
     GATES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "zero_stage")
 
