@@ -74,11 +74,13 @@ CHUNK = 65536  # configurations per exact-model batch
 DIRECT_ROWS = 50_000_000
 #: which path `solve_cpsat` takes: "auto" (`choose_path`), or "tables" or "exhaustive" (tests)
 PATH = "auto"
-#: the cost of one configuration the tables score, in configurations the exhaustive enumerator
-#: scores in the same time: 1.37 on DeepSeek-V3 on 1,024 GPUs, 1.43 on Llama-2-70B on 1,024
-#: (the tables check the rules twice per configuration, and their batches share fewer layer
-#: costs)
-TABLE_COST = 1.4
+#: the cost of one configuration the tables score, and of checking the feature rules on one
+#: leaf, in configurations the exhaustive enumerator scores in the same time: the tables 1.26
+#: (DeepSeek-V3 on 1,024 GPUs), 1.27 (gpt_oss_120b_144xgb200_nvl72), 1.36 (Llama-2-70B on
+#: 1,024), 1.47 (llama3_405b_64gpu_gbs64) -- they check the rules twice on some configurations
+#: and their batches share fewer layer costs; the rules about 0.1
+TABLE_COST = 1.3
+RULE_COST = 0.1
 #: the fixed cost of one batch of the exact model, in configurations: 8-14 ms a call whatever
 #: its size, against 2.5-3 us a configuration (llama2_70b_128gpu, deepseek_v3_1024gpu_sn256):
 #: on small spaces the tables' many small batches cost more than their configurations
@@ -188,11 +190,20 @@ def _fitting(problem: Problem, peak_bytes: np.ndarray, host_bytes: np.ndarray) -
     return memory, host, (memory <= gpu_capacity) & (host <= host_capacity)
 
 
+def _draw(n: int, k: int) -> np.ndarray:
+    """k indices of range(n), sorted: all of them when k >= n, else drawn at random with a fixed
+    seed (evenly spaced picks can fall in step with an inner dimension, e.g. always the first
+    memory choice of a skeleton)."""
+    if k >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(SEED).integers(0, n, k))
+
+
 def table_work(problem: Problem, space: SearchSpace) -> tuple[float, int]:
     """(configurations, batches) of the exact model `build_tables` is expected to score: every
     row once under its first overlap choice, and the rows that fit under their other choices
-    (`_block_tables`). The share that fits is estimated on PATH_SAMPLE rows spread evenly over
-    each signature group (deterministic), each standing for its share of the group."""
+    (`_block_tables`). The share that fits is estimated on about PATH_SAMPLE rows drawn over
+    the signature groups in proportion (`_draw`), each standing for its share of its group."""
     sig = space._signature(space.skeletons)
     groups = []
     for code in np.unique(sig):
@@ -205,11 +216,10 @@ def table_work(problem: Problem, space: SearchSpace) -> tuple[float, int]:
     samples, weights, group = [], [], []
     for g, (skeletons, mem_ok, triples) in enumerate(groups):
         n = len(skeletons) * len(mem_ok)
-        k = min(n, max(1, round(PATH_SAMPLE * n / rows)))
-        pick = (np.arange(k) * n) // k  # row i is skeleton i // len(mem_ok) with choice i % len(mem_ok)
+        pick = _draw(n, max(1, round(PATH_SAMPLE * n / rows)))  # row i is skeleton i // len(mem_ok) with choice i % len(mem_ok)
         samples.append(_row_configs(problem, space, skeletons[pick // len(mem_ok)], mem_ok[pick % len(mem_ok)], triples[:1]))
-        weights.append(np.full(k, n / k * (len(triples) - 1)))
-        group.append(np.full(k, g))
+        weights.append(np.full(len(pick), n / len(pick) * (len(triples) - 1)))
+        group.append(np.full(len(pick), g))
     ev = evaluate(problem, ConfigBatch.concat(samples))
     fits = _fitting(problem, ev.memory_bytes["peak"], ev.host_bytes)[2]
     others = np.bincount(np.concatenate(group)[fits], weights=np.concatenate(weights)[fits], minlength=len(groups))
@@ -220,15 +230,37 @@ def table_work(problem: Problem, space: SearchSpace) -> tuple[float, int]:
     return rows + float(others.sum()), batches
 
 
-def choose_path(problem: Problem, space: SearchSpace) -> tuple[str, dict]:
-    """"exhaustive" where scoring every leaf (SearchSpace.enumeration) costs no more than the
-    tables' expected work (`table_work`), in configurations the enumerator scores (TABLE_COST,
-    BATCH_COST), else "tables"; with the figures."""
+def enumeration_work(space: SearchSpace) -> tuple[float, int, int]:
+    """(admitted leaves, leaves, batches) of the exhaustive enumerator on `space`: it checks the
+    feature rules on every leaf and scores the admitted ones (43% of the leaves are rejected on
+    gpt_oss_120b_144xgb200_nvl72, 2% on DeepSeek-V3). The admitted share is estimated on about
+    PATH_SAMPLE leaves drawn over the signature groups in proportion (`_draw`)."""
     leaves, batches = space.enumeration(CHUNK)
+    if leaves == 0:
+        return 0.0, 0, 0
+    sig = space._signature(space.skeletons)
+    skeleton, feature, weights = [], [], []
+    for code in np.unique(sig):
+        skeletons, features = np.flatnonzero(sig == code), np.flatnonzero(space._features_for(int(code)))
+        n = len(skeletons) * len(features)
+        if n:
+            pick = _draw(n, max(1, round(PATH_SAMPLE * n / leaves)))  # leaf i is skeleton i // F with feature i % F
+            skeleton.append(skeletons[pick // len(features)])
+            feature.append(features[pick % len(features)])
+            weights.append(np.full(len(pick), n / len(pick)))
+    cfg = space.combine(np.concatenate(skeleton), np.concatenate(feature), space.interval())
+    return float(np.concatenate(weights)[space.feature_ok(cfg)].sum()), leaves, batches
+
+
+def choose_path(problem: Problem, space: SearchSpace) -> tuple[str, dict]:
+    """"exhaustive" where scoring every leaf (`enumeration_work`) costs no more than the
+    tables' expected work (`table_work`), both in configurations the enumerator scores
+    (RULE_COST, TABLE_COST, BATCH_COST), else "tables"; with the figures."""
+    admitted, leaves, batches = enumeration_work(space)
     work, table_batches = table_work(problem, space)
-    enumeration = leaves + BATCH_COST * batches
+    enumeration = RULE_COST * leaves + admitted + BATCH_COST * batches
     tables = TABLE_COST * work + BATCH_COST * table_batches
-    figures = {"leaves": leaves, "table_work": int(round(work)), "cost_ratio": round(tables / max(enumeration, 1), 3)}
+    figures = {"leaves": leaves, "table_work": int(round(work)), "cost_ratio": round(tables / max(enumeration, 1.0), 3)}
     return ("exhaustive" if enumeration <= tables else "tables"), figures
 
 

@@ -402,16 +402,25 @@ class SearchSpace:
             if rule not in skip:
                 ok &= ~mask
         for name in open_switches:
-            any_value = np.zeros(len(cfg), bool)
-            for value in self.flags[name]:
-                # the switch's first value is what `base` holds: its violations are known
-                trial = bad if value == self.flags[name][0] else violations(self.problem, ConfigBatch.from_columns(G, **{**base, name: value}))
-                holds = np.ones(len(cfg), bool)
-                for rule in self.switch_rules[name]:
-                    holds &= ~trial[rule]
-                any_value |= holds
+            # the switch's first value is what `base` holds: its violations are known; a
+            # further value is tried only on the rows still alive that no value satisfied yet
+            any_value = self._switch_holds(bad, name)
+            for value in self.flags[name][1:]:
+                rows = np.flatnonzero(ok & ~any_value)
+                if not len(rows):
+                    break
+                subset = {k: (v[rows] if np.ndim(v) else v) for k, v in base.items()}
+                trial = violations(self.problem, ConfigBatch.from_columns(G, **{**subset, name: value}))
+                any_value[rows] |= self._switch_holds(trial, name)
             ok &= any_value
         return ok
+
+    def _switch_holds(self, bad: dict[str, np.ndarray], name: str) -> np.ndarray:
+        """True where no rule of switch `name` is broken in `bad` (violations' output)."""
+        holds = np.ones(len(next(iter(bad.values()))), bool)
+        for rule in self.switch_rules[name]:
+            holds &= ~bad[rule]
+        return holds
 
     def etp_options(self, tp: int) -> tuple[int, ...]:
         """Expert-TP sizes for a TP size: the search section's, else none or TP (Megatron's

@@ -13,7 +13,7 @@ import yaml
 import optimizer.cpsat
 from conftest import PROBLEMS
 from costmodel.loader import load_problem
-from optimizer.cpsat import build_tables, choose_path, table_work
+from optimizer.cpsat import build_tables, choose_path, enumeration_work, table_work
 from optimizer.result import floor_objective
 from optimizer.search import solve
 from optimizer.space import SearchSpace
@@ -26,11 +26,26 @@ DENSE = {
     "search": {"mbs": [1, 2], "vp": [1, 2, 4], "pp_schedule": ["1f1b", "interleaved_1f1b"], "cp_comm": ["p2p"]},
     "features": {"zero_stage": [0, 1]},
 }
+#: MoE with full recompute, which rules out the EP overlap: the feature rules reject leaves
+MOE_FULL_RECOMPUTE = {
+    "model": {"preset": "mixtral-8x7b", "num_layers": 8},
+    "hardware": "h100-sxm",
+    "cluster": {"num_gpus": 16, "gpus_per_node": 8},
+    "training": {"global_batch_size": 32, "seq_len": 4096},
+    "search": {"mbs": [1, 2], "vp": [1, 2], "pp_schedule": ["1f1b", "interleaved_1f1b"], "cp_comm": ["p2p"]},
+    "features": {"zero_stage": [0, 1], "recompute": ["none", "full"]},
+}
 #: without pipelining a row has few overlap choices and most rows fit: the leaves are barely
 #: more than the tables' configurations, and the tables' batches cost more
 UNPIPELINED = ("llama2_70b_128gpu", ["search.pp=[1]"])
 #: a pipelined space where three rows in four do not fit: the tables score a fraction of the leaves
 PIPELINED = ("llama3_405b_64gpu_gbs16", ["search.tp=[4,8]", "search.pp=[4,8,16]", "search.mbs=[1]"])
+
+
+def load(tmp_path, data):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_problem(str(path))
 
 
 def tuning(name, overrides):
@@ -59,11 +74,19 @@ def test_the_path_chosen_is_reported_and_agrees_with_exhaustive(case, path, repo
         assert cpsat.evaluated < exhaustive.evaluated / 100  # the bound orders the rows: few are scored
 
 
-def test_enumeration_counts_what_the_enumerator_scores():
-    problem = tuning(*UNPIPELINED)
+def test_enumeration_counts_what_the_enumerator_scores(monkeypatch, tmp_path):
+    """The leaves and batches are counts; the admitted leaves an estimate that is a count when
+    every leaf is in the sample."""
+    problem = load(tmp_path, MOE_FULL_RECOMPUTE)
     space = SearchSpace.from_problem(problem)
     batches = list(space.batches(4096))
     assert space.enumeration(4096) == (sum(len(b) for b in batches), len(batches))
+    scored = solve(problem, "exhaustive").evaluated
+    estimate, leaves, _ = enumeration_work(space)
+    monkeypatch.setattr(optimizer.cpsat, "PATH_SAMPLE", 10**9)
+    exact, _, _ = enumeration_work(space)
+    assert exact == scored < 0.8 * leaves  # the feature rules reject EP overlap under full recompute
+    assert estimate == pytest.approx(exact, rel=0.1)
 
 
 @pytest.mark.parametrize("case", [UNPIPELINED, PIPELINED], ids=["unpipelined", "pipelined"])
@@ -92,9 +115,7 @@ def test_exhaustive_path_under_a_time_limit_carries_the_floor_gap(monkeypatch, t
     """The exhaustive path keeps the enumerator's time-limit semantics, on cpsat's clock: the
     best found so far, not certified, with the compute floor as its bound."""
     monkeypatch.setattr(optimizer.cpsat, "PATH", "exhaustive")
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(DENSE))
-    problem = load_problem(str(path))
+    problem = load(tmp_path, DENSE)
     optimum = solve(problem, "exhaustive").best_value
     stopped = solve(problem, "cpsat", time_limit_s=1e-9)  # stops after its first batch
     assert stopped.method == "cpsat" and stopped.stats["path"].startswith("exhaustive scoring")
