@@ -415,7 +415,7 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
         path = PATH
         if path == "auto":
             path, figures = choose_path(problem, space)
-            stats.update(figures)
+            stats.update(figures, choice_s=round(clock.elapsed, 3))
         if path == "exhaustive":  # the enumerator itself, on this space and this clock
             stats["path"] = EXHAUSTIVE_PATH
             result = score_space(problem, space, objective, top_k, time_limit_s, CHUNK, distinct_layouts, clock, "cpsat", stats)
