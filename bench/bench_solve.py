@@ -8,7 +8,8 @@ optimum is its number of leaves (exactly the configurations the exhaustive enume
 times the cost of one leaf. The benchmark measures that cost on the first `--dfs-sample`
 leaves and projects; with --full-dfs it also runs the DFS to completion on problems where that
 takes under ten minutes, which checks the projection. The `path` column says which cpsat path
-ran (bound-ordered scoring of a small table, or the CP-SAT model).
+ran (exhaustive scoring where that costs less than the tables, bound-ordered scoring of the
+tables, or the CP-SAT model: optimizer.cpsat.choose_path).
 
 With --clusters it times the cluster-choosing problems (problems/clusters: every candidate
 GPU type and count solved, then the Pareto front) with cpsat and exhaustive, per cluster.

@@ -325,6 +325,18 @@ class SearchSpace:
                 sk = skeletons[start:start + per]
                 yield self.combine(np.repeat(sk, F), np.tile(features, len(sk)), interval)
 
+    def enumeration(self, chunk: int = 65536) -> tuple[int, int]:
+        """(configurations, batches) that `batches(chunk)` yields -- the exhaustive
+        enumerator's work, before the feature rules -- counted without building them."""
+        sig = self._signature(self.skeletons)
+        configurations = count = 0
+        for code, n in zip(*np.unique(sig, return_counts=True)):
+            F = int(self._features_for(int(code)).sum())
+            if F:
+                configurations += int(n) * F
+                count += -(-int(n) // max(1, chunk // F))
+        return configurations, count
+
     #: what a skeleton's own fields allow: (bit of the signature, the feature it gates)
     GATES = ("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "zero_stage")
 
@@ -390,15 +402,25 @@ class SearchSpace:
             if rule not in skip:
                 ok &= ~mask
         for name in open_switches:
-            any_value = np.zeros(len(cfg), bool)
-            for value in self.flags[name]:
-                trial = violations(self.problem, ConfigBatch.from_columns(G, **{**base, name: value}))
-                holds = np.ones(len(cfg), bool)
-                for rule in self.switch_rules[name]:
-                    holds &= ~trial[rule]
-                any_value |= holds
+            # the switch's first value is what `base` holds: its violations are known; a
+            # further value is tried only on the rows still alive that no value satisfied yet
+            any_value = self._switch_holds(bad, name)
+            for value in self.flags[name][1:]:
+                rows = np.flatnonzero(ok & ~any_value)
+                if not len(rows):
+                    break
+                subset = {k: (v[rows] if np.ndim(v) else v) for k, v in base.items()}
+                trial = violations(self.problem, ConfigBatch.from_columns(G, **{**subset, name: value}))
+                any_value[rows] |= self._switch_holds(trial, name)
             ok &= any_value
         return ok
+
+    def _switch_holds(self, bad: dict[str, np.ndarray], name: str) -> np.ndarray:
+        """True where no rule of switch `name` is broken in `bad` (violations' output)."""
+        holds = np.ones(len(next(iter(bad.values()))), bool)
+        for rule in self.switch_rules[name]:
+            holds &= ~bad[rule]
+        return holds
 
     def etp_options(self, tp: int) -> tuple[int, ...]:
         """Expert-TP sizes for a TP size: the search section's, else none or TP (Megatron's

@@ -81,9 +81,12 @@ def test_ctrl_c_returns_the_best_found_so_far(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("objective", ["step", "e2e"])
-def test_cpsat_time_limit_bounds_table_building(tmp_path, objective):
+def test_cpsat_time_limit_bounds_table_building(tmp_path, monkeypatch, objective):
     """A limit that runs out while the tables are built: the rows built are searched, the rest
     bounded by the compute floor; the answer is not certified but carries its gap."""
+    import optimizer.cpsat
+
+    monkeypatch.setattr(optimizer.cpsat, "PATH", "tables")  # whatever the path choice would pick here
     problem = load(tmp_path, DENSE)
     optimum = solve(problem, "cpsat", objective).best_value
     stopped = solve(problem, "cpsat", objective, 1, 1e-9)

@@ -113,6 +113,7 @@ def test_time_limited_solve_returns_an_answer_with_its_gap(monkeypatch):
             return 100.0 if built["tables"] else 0.0
 
     monkeypatch.setattr(optimizer.cpsat, "build_tables", build_then_run_out)
+    monkeypatch.setattr(optimizer.cpsat, "PATH", "tables")  # the tables' path, whatever the choice would be
     monkeypatch.setattr(optimizer.cpsat, "Stopwatch", Clock)
     result = solve_cpsat(problem, "step", top_k=4, time_limit_s=50.0)
     assert result.stats.get("tables_complete", True)

@@ -1,4 +1,4 @@
-"""cpsat (both its paths), exhaustive and DFS agree on small problems chosen to exercise the
+"""cpsat (each of its three paths), exhaustive and DFS agree on small problems chosen to exercise the
 corners of the space: pp=2 with virtual stages, forced switches, sequence parallelism off, tied
 embeddings, unfused attention, MoE with expert-TP and routing imbalance, the e2e objective,
 tight memory, and each dimension issue 7 added (ZeRO stages and HSDP, the schedules, the CP
@@ -73,6 +73,26 @@ VARIANTS = {
 }
 
 
+#: what each path reports (the tables' paths say so when no row fits: nothing is left to order)
+PATHS = {"exhaustive": ("exhaustive scoring",), "tables": ("bound-ordered scoring", "tables (no admissible row fits)"),
+         "solver": ("CP-SAT", "tables (no admissible row fits)")}
+
+
+def _every_path(problem, monkeypatch, **options):
+    """cpsat's result through each of its paths, each checked to report the path it took."""
+    results = []
+    for name, reported in PATHS.items():
+        with monkeypatch.context() as m:
+            m.setattr(optimizer.cpsat, "PATH", "exhaustive" if name == "exhaustive" else "tables")
+            if name == "solver":
+                m.setattr(optimizer.cpsat, "DIRECT_ROWS", 0)
+            result = solve(problem, "cpsat", **options)
+        assert result.method == "cpsat"
+        assert result.stats["path"].startswith(reported), (name, result.stats)
+        results.append(result)
+    return results
+
+
 def merged(base, change):
     out = yaml.safe_load(yaml.safe_dump(base))
     for key, value in change.items():
@@ -88,14 +108,11 @@ def test_methods_agree(tmp_path, monkeypatch, name):
     problem = load_problem(str(path))
     exhaustive = solve(problem, "exhaustive", top_k=3)
     assert exhaustive.evaluated > 0
-    cpsat = solve(problem, "cpsat", top_k=3)
-    assert cpsat.stats["path"].startswith("bound-ordered")
-    monkeypatch.setattr(optimizer.cpsat, "DIRECT_ROWS", 0)  # and through the CP-SAT model
-    solver = solve(problem, "cpsat", top_k=3)
-    assert solver.stats["path"] == "CP-SAT"
-    for result in (cpsat, solver):
-        assert result.status == exhaustive.status, (result.status, exhaustive.status)
-        assert list(result.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12)
+    chosen = solve(problem, "cpsat", top_k=3)  # and the path it picks
+    assert chosen.stats["path"].startswith(sum(PATHS.values(), ()))
+    for result in (*_every_path(problem, monkeypatch, top_k=3), chosen):
+        assert result.status == exhaustive.status, (result.stats["path"], result.status, exhaustive.status)
+        assert list(result.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12), result.stats["path"]
     if len(exhaustive.top_values) and exhaustive.evaluated < 6000:
         dfs = solve(problem, "dfs", top_k=3)
         assert list(dfs.top_values) == pytest.approx(list(exhaustive.top_values), rel=1e-12)
@@ -110,7 +127,7 @@ DISTINCT = {  # small spaces: the test ranks the whole space to check the groupi
 
 @pytest.mark.parametrize("name", list(DISTINCT))
 def test_distinct_layouts_agree(tmp_path, monkeypatch, name):
-    """--distinct-layouts: CP-SAT (both paths) and exhaustive return the same K layouts, each its best
+    """--distinct-layouts: cpsat (each path) and exhaustive return the same K layouts, each its best
     configuration, and they are the K best layouts of the whole ranked space."""
     from optimizer.result import LAYOUT_FIELDS
 
@@ -134,11 +151,7 @@ def test_distinct_layouts_agree(tmp_path, monkeypatch, name):
     plain = solve(problem, "exhaustive", top_k=k)
     exhaustive = solve(problem, "exhaustive", top_k=k, distinct_layouts=True)
     assert layouts(exhaustive) == expected and list(exhaustive.top_values) == values
-    cpsat = solve(problem, "cpsat", top_k=k, distinct_layouts=True)
-    monkeypatch.setattr(optimizer.cpsat, "DIRECT_ROWS", 0)
-    solver = solve(problem, "cpsat", top_k=k, distinct_layouts=True)
-    assert solver.stats["path"] == "CP-SAT"
-    for result in (cpsat, solver):  # (DFS offers to the same TopK; it is too slow to score here)
+    for result in _every_path(problem, monkeypatch, top_k=k, distinct_layouts=True):  # (DFS offers to the same TopK; it is too slow to score here)
         assert result.status == "optimal"
         assert layouts(result) == expected
         assert list(result.top_values) == pytest.approx(values, rel=1e-12)
