@@ -50,12 +50,11 @@ def test_recalibration_reproduces_the_shipped_profile(gpu):
 def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
-    other H100 source. The tolerance is the figure results/reference/validate.txt records for
-    this source (22.1%, held out), not a target: the issue's target is 10% per source, and this
-    source misses it (long-sequence CP is where the model is still wrong). It was 19.8% before the
-    H100 profile started from kernel terms measured on an H100 and was refitted with the device
-    steps: those moved every other H100 source closer and this one further (a 3.0x attention
-    backward, measured, and the 29.5 us per-kernel overhead weigh on its short CP chunks)."""
+    other H100 source, within the issue's 10% per source. The tolerance is the figure
+    results/reference/validate.txt records for this source (7.0%, held out). It was 22.1% while
+    the source left CP's ring exchange unoverlapped, which Transformer Engine always overlaps with
+    the attention of the block in hand: the held-out fit then priced the exposed inter-node ring
+    with a cluster bandwidth no other source pins down, and missed the 512K and 1M rows by 54%."""
     points = chip_points("h100-sxm")
     source = "NeMo long-sequence context parallelism on H100 (Llama 2 7B, FP8)"
     others = [p for p in points if p.source != source]
@@ -69,7 +68,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 22.1 + 0.05  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 6.97 + 0.005  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():

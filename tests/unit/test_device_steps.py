@@ -52,11 +52,11 @@ def test_peak_memory_of_what_fit_within_10_percent():
 
 def test_step_times_within_stated_bounds():
     """The calibrated H100 profile is fitted on these rows with every other H100 source; held out
-    by source (results/reference/calibrate_h100-sxm.txt) they are predicted at 7.0% MAPE, and
+    by source (results/reference/validate.txt) they are predicted at 6.6% MAPE, and
     before they existed the profile of the time predicted them all low, by 10.6% (eager
     PyTorch's unfused kernels and launch gaps: the fit's per-kernel overhead rose from 10.7 to
     29.5 us with them, and the other sources' held-out errors fell with it). In sample: median
-    error within 6%, worst within 15% (measured 4.2% MAPE, worst 11.2%)."""
+    error within 6%, worst within 15% (measured 4.0% MAPE, worst 11.4%)."""
     errors = []
     for point in load_source(str(SOURCE)).points:
         cfg, _ = resolve(point)
