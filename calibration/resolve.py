@@ -37,9 +37,9 @@ def _resolve_per_stage_microbatches(problem: Problem, unknown: tuple[str, ...]) 
     rest = tuple(u for u in unknown if u not in ("vp", "mbs"))
     least_vp = 2 if known.pp_schedule == "interleaved_1f1b" else 1
     candidates, failure = [], None
-    for vp in range(least_vp, int(local // known.pp) + 1):
+    for vp in range(least_vp, int(min(local, problem.model.num_layers) // known.pp) + 1):  # a stage holds a layer at least
         mbs = local / (known.pp * vp)
-        if mbs != int(mbs) or problem.model.num_layers < known.pp * vp:
+        if mbs != int(mbs):
             continue
         sub = problem.model_copy(update={"config": known.model_copy(update={"vp": vp, "mbs": int(mbs)})})
         cfg, picks = _resolve(sub, rest)

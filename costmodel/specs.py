@@ -1008,6 +1008,14 @@ class Problem(Spec):
     config: ConfigSpec | None = None
 
     @model_validator(mode="after")
+    def _framework_kernels(self):
+        """A problem searched for torchtitan overlaps TP the way its exporter launches it
+        (--compile.enable-async-tensor-parallel: PyTorch's async TP), unless training says."""
+        if self.search.framework == "torchtitan" and "tp_overlap_impl" not in self.training.model_fields_set:
+            object.__setattr__(self, "training", self.training.model_copy(update={"tp_overlap_impl": "symmetric_memory"}))
+        return self
+
+    @model_validator(mode="after")
     def _compute_dtype_has_a_peak(self):
         dtype = self.training.dtypes.compute
         if dtype == "mxfp8" and dtype not in self.hardware.peak_tflops:

@@ -123,3 +123,10 @@ def test_async_tp_stages_nothing_userbuffers_stage_an_activation_per_gemm_and_di
     full = 2 * problem.training.seq_len * problem.model.hidden_size  # [s, b=1, h] bf16 on one rank
     assert comm_buffers("symmetric_memory", 1) == comm_buffers("userbuffers", 0)
     assert comm_buffers("userbuffers", 1) - comm_buffers("userbuffers", 0) == pytest.approx(problem.hardware.tp_overlap_buffers * full)
+
+
+def test_a_torchtitan_search_counts_async_tp_unless_the_problem_says():
+    """torchtitan's exporter launches TP overlap as async TP (--compile.enable-async-tensor-parallel)."""
+    assert load_problem(BASE, ["search.framework=torchtitan"]).training.tp_overlap_impl == "symmetric_memory"
+    assert load_problem(BASE, ["search.framework=torchtitan", "training.tp_overlap_impl=userbuffers"]).training.tp_overlap_impl == "userbuffers"
+    assert load_problem(BASE, ["search.framework=megatron"]).training.tp_overlap_impl == "userbuffers"
