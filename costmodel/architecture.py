@@ -321,6 +321,18 @@ def window_share(seq_len: int, window: int | None) -> float:
     return (w * (w + 1) / 2 + (s - w) * w) / (s * s)
 
 
+def residual_add(name: str, m: ModelSpec, D: int, elements) -> MemoryOp:
+    """The residual add that closes an attention, MLP or MoE block, over `elements` hidden
+    values of the residual stream. Without dropout: a plain add, two reads and a write (3D
+    bytes an element). With dropout (GPT-3 style) it is Megatron's fused bias-dropout-add
+    (megatron/model/transformer.py bias_dropout_add_fused_train, a jit-fused kernel on by
+    default since 2020, --no-bias-dropout-fusion turns it off; Megatron-DeepSpeed the same): one
+    kernel reads the projection output and the residual and writes the sum and the 1-byte
+    dropout mask, 3D + 1 bytes, where a separate dropout (read, write, mask) and add would
+    move 6D + 1."""
+    return MemoryOp(name, (3 * D + (1 if m.dropout else 0)) * elements)
+
+
 def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> dict:
     """Operators, communication and saved tensors of the attention half of a layer (and the
     norm that follows it). Sliding-window layers compute the window's band of the score
@@ -386,10 +398,9 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
         saved["attn_core_out"] = D * T * a_t * dv  # the product's other factor
         ops.append(MemoryOp("output_gate", 3 * D * T * a_t * dv))  # read core output and gate, write
     gemms.append(Gemm("o_proj", T, np.full_like(T, h), a_t * dv))
-    ops.append(MemoryOp("attention_residual", 3 * D * Tsp * h))
+    ops.append(residual_add("attention_residual", m, D, Tsp * h))
     if m.dropout:
         saved["attn_proj_dropout_mask"] = 1.0 * Tsp * h
-        ops.append(MemoryOp("attention_output_dropout", 3 * D * Tsp * h))
     saved["ln2_input"] = D * Tsp * h
     ops.append(MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)))
 
@@ -426,7 +437,7 @@ def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) ->
         MemoryOp("short_conv", 2 * D * T * conv, ("core_attn",)),
         MemoryOp("gates", 4 * 4 * T * heads_t, ("core_attn",)),
         MemoryOp("gated_norm", 3 * D * T * v_t),
-        MemoryOp("attention_residual", 3 * D * Tsp * h),
+        residual_add("attention_residual", m, D, Tsp * h),
         MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)),
     ]
     saved = {
@@ -479,10 +490,9 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: st
     saved = dict(at["saved"])
     saved["mlp_input"] = D * Tsp * h
     saved.update(saved_mlp)
-    ops = at["ops"] + [act, MemoryOp("mlp_residual", 3 * D * Tsp * h)]
+    ops = at["ops"] + [act, residual_add("mlp_residual", m, D, Tsp * h)]
     if m.dropout:
         saved["mlp_dropout_mask"] = 1.0 * Tsp * h
-        ops.append(MemoryOp("mlp_dropout", 3 * D * Tsp * h))
     tp = at["tp"] + [("ag", D * T * h, "fc1"), ("rs", D * T * h, "fc2")]
     zero = np.zeros_like(T)
     return LayerWork(
@@ -569,7 +579,7 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
         MemoryOp("expert_activation", D * recv * (fc1_out + ffn_local), ("moe_act", "moe"), kernels=chunks),
         MemoryOp("permute", 4 * D * recv * h, ("moe",), kernels=2.0 * chunks),  # permute and unpermute (read + write each)
         MemoryOp("router_softmax", 3 * 4 * Tsp * x.num_experts, ("moe",)),  # fp32 softmax / top-k
-        MemoryOp("mlp_residual", 3 * D * Tsp * h),
+        residual_add("mlp_residual", m, D, Tsp * h),
     ]
 
     tp = list(at["tp"])

@@ -89,3 +89,18 @@ def test_korthikanti_tensor_parallel_without_sequence_parallel(t):
     no_sp = arch.Shard(t=np.array([float(t)]), c=np.array([1.0]), e=np.array([1.0]), etp=np.array([1.0]), b=np.array([float(b)]), seq=s, sp=False)
     work = arch.dense_layer(GPT, UNFUSED, no_sp, D=2)
     assert float(work.saved_bytes[0]) == s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t
+
+
+@pytest.mark.parametrize("dropout", [True, False])
+def test_residual_add_is_the_fused_bias_dropout_add(dropout):
+    """With dropout the residual add is Megatron's fused bias-dropout-add: one kernel moving
+    3D + 1 bytes per residual-stream element (two reads, a write, the 1-byte mask), no
+    separate dropout pass; without dropout a plain add (3D). Without sequence parallelism it
+    runs on every token."""
+    s, b, h, D = 2048, 1, GPT.hidden_size, 2
+    model = GPT.model_copy(update={"dropout": dropout})
+    sh = arch.Shard(t=np.array([8.0]), c=np.array([1.0]), e=np.array([1.0]), etp=np.array([1.0]), b=np.array([float(b)]), seq=s, sp=False)
+    work = arch.dense_layer(model, UNFUSED, sh, D=D)
+    residual = {op.name: float(op.bytes[0]) for op in work.memory_ops if "residual" in op.name or "dropout" in op.name}
+    per_add = (3 * D + dropout) * s * b * h
+    assert residual == {"attention_residual": per_add, "mlp_residual": per_add} | ({"attention_dropout": residual["attention_dropout"]} if dropout else {})
