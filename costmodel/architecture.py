@@ -110,7 +110,9 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "attn_gate": SavedTag("attn_proj"),
     "attn_core_out": SavedTag("attn_proj"),
     "attn_proj_dropout_mask": SavedTag("attn_proj"),
+    "input_norm_internals": SavedTag("attn_norm", ("layernorm",)),  # eager norms only
     "ln2_input": SavedTag("mlp_norm"),
+    "mlp_norm_internals": SavedTag("mlp_norm", ("layernorm",)),
     "mlp_input": SavedTag("mlp_norm", ("layernorm",)),
     "fc1_out": SavedTag(None, ("mlp",)),
     "act_out": SavedTag(None, ("mlp",)),
@@ -333,6 +335,34 @@ def residual_add(name: str, m: ModelSpec, D: int, elements) -> MemoryOp:
     return MemoryOp(name, (3 * D + (1 if m.dropout else 0)) * elements)
 
 
+def norm_op(name: str, tr: TrainingSpec, D: int, elements) -> MemoryOp:
+    """An RMSNorm (or LayerNorm) over `elements` hidden values. Fused (Apex, Transformer Engine,
+    a Triton kernel, torch.compile): one kernel, a read and a write, 2D bytes an element.
+    training.norm_kernel eager_fp32 (PyTorch composite ops as torchtitan's norms.RMSNorm and
+    Hugging Face write it: x.float(), pow(2), mean, + eps, rsqrt, mul, type_as, * weight): eight
+    kernels moving (D + 4) + 8 + 4 + 8 + (4 + D) + 2D = 4D + 28 bytes an element."""
+    if tr.norm_kernel == "eager_fp32":
+        return MemoryOp(name, (4 * D + 28) * elements, ("layernorm",), kernels=8.0)
+    return MemoryOp(name, 2 * D * elements, ("layernorm",))
+
+
+def norm_saved_extra(tr: TrainingSpec, D: int, elements):
+    """What autograd keeps of an eager norm beyond its input and output: the fp32 copy of the
+    input (pow and the normalising mul save it) and the normalised tensor before the weight (the
+    weight product saves it), (4 + D) bytes an element. A fused norm keeps only its input."""
+    return (4 + D) * elements if tr.norm_kernel == "eager_fp32" else 0.0 * elements
+
+
+def rotary_op(tr: TrainingSpec, D: int, elements) -> MemoryOp:
+    """Rotary embedding of q and k (`elements` values). Fused: a read and a write (2D bytes), a
+    kernel per tensor. Eager (torchtitan's apply_rotary_emb: x.float() viewed as complex, a
+    complex64 product with freqs_cis, type_as): three kernels per tensor, (D + 4) + 8 + (4 + D)
+    = 2D + 16 bytes an element (a bf16 rotate-half form, x*cos + rotate(x)*sin, moves as much)."""
+    if tr.elementwise == "eager":
+        return MemoryOp("rotary", (2 * D + 16) * elements, kernels=6.0)
+    return MemoryOp("rotary", 2 * D * elements, kernels=2.0)
+
+
 def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> dict:
     """Operators, communication and saved tensors of the attention half of a layer (and the
     norm that follows it). Sliding-window layers compute the window's band of the score
@@ -349,7 +379,9 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
 
     gemms: list[Gemm] = []
     saved: dict[str, np.ndarray] = {"layer_input": D * Tsp * h}  # norm input (residual stream)
-    ops = [MemoryOp("input_norm", 2 * D * Tsp * h, ("layernorm",))]  # norm read + write
+    ops = [norm_op("input_norm", tr, D, Tsp * h)]
+    if tr.norm_kernel == "eager_fp32":
+        saved["input_norm_internals"] = norm_saved_extra(tr, D, Tsp * h)
     if m.mla is not None:
         mla = m.mla
         # down projections are replicated over TP and see the gathered tokens (Megatron-Core MLA)
@@ -375,7 +407,7 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     saved["q"] = D * T * a_t * dqk
     saved["k"] = D * T * kv_t * dqk
     saved["v"] = D * T * kv_t * dv
-    ops.append(MemoryOp("rotary", 2 * D * T * (a_t + kv_t) * dqk, kernels=2.0))  # on q and k
+    ops.append(rotary_op(tr, D, T * (a_t + kv_t) * dqk))  # on q and k
     if m.qk_layernorm:
         ops.append(MemoryOp("qk_norm", 2 * D * T * (a_t + kv_t) * dqk, kernels=2.0))
 
@@ -402,7 +434,9 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     if m.dropout:
         saved["attn_proj_dropout_mask"] = 1.0 * Tsp * h
     saved["ln2_input"] = D * Tsp * h
-    ops.append(MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)))
+    ops.append(norm_op("pre_mlp_norm", tr, D, Tsp * h))
+    if tr.norm_kernel == "eager_fp32":
+        saved["mlp_norm_internals"] = norm_saved_extra(tr, D, Tsp * h)
 
     split, replicated = attention_params(m, attention)
     params = split / t + replicated + 2 * h
@@ -433,12 +467,12 @@ def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) ->
     ]
     conv = 2 * qk_t + v_t
     ops = [
-        MemoryOp("input_norm", 2 * D * Tsp * h, ("layernorm",)),
+        norm_op("input_norm", tr, D, Tsp * h),
         MemoryOp("short_conv", 2 * D * T * conv, ("core_attn",)),
         MemoryOp("gates", 4 * 4 * T * heads_t, ("core_attn",)),
         MemoryOp("gated_norm", 3 * D * T * v_t),
         residual_add("attention_residual", m, D, Tsp * h),
-        MemoryOp("pre_mlp_norm", 2 * D * Tsp * h, ("layernorm",)),
+        norm_op("pre_mlp_norm", tr, D, Tsp * h),
     ]
     saved = {
         "layer_input": D * Tsp * h,
@@ -461,15 +495,20 @@ def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) ->
                 attention_class="linear_attention")
 
 
-def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str, modules: tuple[str, ...]):
-    """A (possibly TP-sharded) MLP on `tokens` tokens: GEMMs, saved tensors, activation traffic."""
+def _mlp(m: ModelSpec, ffn_local, tokens, D: int, prefix: str, modules: tuple[str, ...], eager: bool = False):
+    """A (possibly TP-sharded) MLP on `tokens` tokens: GEMMs, saved tensors, activation traffic.
+    SwiGLU fused reads the two halves and writes the product (3D bytes an output element); eager
+    (silu, then the product) writes and re-reads the silu output: 5D in two kernels."""
     h = m.hidden_size
     gated = m.activation == "swiglu"
     fc1_out = (2 if gated else 1) * ffn_local
     gemms = [Gemm(f"{prefix}fc1", tokens, fc1_out, np.full_like(tokens, h), modules=modules),
              Gemm(f"{prefix}fc2", tokens, np.full_like(tokens, h), ffn_local, modules=modules)]
     saved = {f"{prefix}fc1_out": D * tokens * fc1_out, f"{prefix}act_out": D * tokens * ffn_local}
-    act = MemoryOp(f"{prefix}activation", D * tokens * (fc1_out + ffn_local), modules)  # read fc1 output, write result
+    if eager and gated:
+        act = MemoryOp(f"{prefix}activation", 5 * D * tokens * ffn_local, modules, kernels=2.0)
+    else:
+        act = MemoryOp(f"{prefix}activation", D * tokens * (fc1_out + ffn_local), modules)  # read fc1 output, write result
     return gemms, saved, act
 
 
@@ -486,7 +525,7 @@ def layer_work(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, kind: tuple) -
 def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
     at = attention_block(m, tr, sh, D, attention)
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
-    gemms, saved_mlp, act = _mlp(m, m.ffn_hidden_size / t, T, D, "", ("mlp",))
+    gemms, saved_mlp, act = _mlp(m, m.ffn_hidden_size / t, T, D, "", ("mlp",), tr.elementwise == "eager")
     saved = dict(at["saved"])
     saved["mlp_input"] = D * Tsp * h
     saved.update(saved_mlp)
@@ -585,7 +624,7 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
     tp = list(at["tp"])
     if x.num_shared_experts:
         shared_ffn = x.num_shared_experts * x.shared_ffn / t
-        g, sv, act = _mlp(m, shared_ffn, T, D, "shared_", ("shared_experts", "moe"))
+        g, sv, act = _mlp(m, shared_ffn, T, D, "shared_", ("shared_experts", "moe"), tr.elementwise == "eager")
         gemms += g
         saved.update(sv)
         ops.append(act)

@@ -170,7 +170,8 @@ def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Lay
     tokens = tr.seq_len / ring
     if tr.mean_document_tokens is not None:
         tokens = np.minimum(tokens, tr.mean_document_tokens)
-    times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens, tr.moe.dispatcher) for work in works]
+    times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens, tr.moe.dispatcher,
+                        tr.sequence_parallel, tr.tp_backward_overlap) for work in works]
     if bounds:
         ideal = ideal_network(hw, cl)
         ideal_where = place(cl.placement, cfg, ideal)

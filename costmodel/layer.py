@@ -134,6 +134,38 @@ def inter_node_share(model: ModelSpec, dispatcher: str, group: Group):
     return np.minimum(1.0, reached / x.top_k)
 
 
+def tp_backward_exposed(kind: str, t_comm, dgrad, wgrad, eff: EfficiencyProfile, sequence_parallel: bool, async_dgrad: bool):
+    """Exposed backward TP communication of one collective of the forward (eq. 20's backward
+    half), without userbuffer overlap. `kind` is the forward collective: "ag" before a
+    column-parallel GEMM (qkv, fc1), "rs" after a row-parallel one (o_proj, fc2); t_comm its time.
+
+    Megatron (LinearWithGradAccumulationAndAsyncCommunication; --async-tensor-model-parallel-
+    allreduce, default since 2022, and Megatron-Core) launches the column-parallel input gradient's
+    collective asynchronously and computes the weight gradient meanwhile: under SP a reduce-scatter
+    hidden behind the wgrad GEMM, with the input re-gathered under the dgrad GEMM; without SP an
+    all-reduce (twice the volume) behind the wgrad GEMM. The row-parallel backward all-gathers the
+    output gradient under SP (exposed) and has no collective without it. Both hidings are eq. 20
+    (alpha, beta: the contention of a collective sharing the GPU with a GEMM). With
+    `async_dgrad` off (torchtitan's DTensor TP, whose collectives wait where issued) every
+    collective is exposed: the reverse of the forward's, the same volume under SP, the all-reduce
+    on the column side without it."""
+    if kind == "rs":
+        return t_comm if sequence_parallel else 0.0 * t_comm
+    coef = eff.tp_overlap
+    if not sequence_parallel:
+        return hidden_behind(wgrad, 2.0 * t_comm, coef) if async_dgrad else 2.0 * t_comm
+    if not async_dgrad:
+        return t_comm
+    return hidden_behind(wgrad, t_comm, coef) + hidden_behind(dgrad, t_comm, coef)
+
+
+def hidden_behind(t_compute, t_comm, coef) -> np.ndarray:
+    """Exposed time of one collective launched asynchronously beside one GEMM (no chunking, so
+    eq. 20 without its pipeline-fill term): max(alpha*T_c, beta*T_m) - T_c, at least 0 and
+    at most T_m (the framework waits on it, it is never worse than running it alone)."""
+    return np.clip(np.maximum(coef.alpha * t_compute, coef.beta * t_comm) - t_compute, 0.0, t_comm)
+
+
 def has(mask: np.ndarray, bit: int) -> np.ndarray:
     """Float 0/1: is `bit` set in the integer mask `mask` (an int64 array: see `ints`)."""
     return ((mask & bit) != 0) * 1.0
@@ -161,13 +193,14 @@ def layer_time(
     attention_factor: np.ndarray,
     attention_tokens: np.ndarray,
     dispatcher: str = "alltoall",
+    sequence_parallel: bool = True,
+    tp_backward_overlap: bool = True,
 ) -> LayerTime:
     gemm_f = {g.name: comp.gemm_time(g) for g in work.gemms}
     comp_gemm_f = sum(gemm_f.values())
-    dgrad, wgrad = 0.0, 0.0
-    for g in work.gemms:
-        d, w = comp.gemm_backward_times(g)
-        dgrad, wgrad = dgrad + d, wgrad + w
+    gemm_b = {g.name: comp.gemm_backward_times(g) for g in work.gemms}  # (dgrad, wgrad)
+    dgrad = sum(d for d, _ in gemm_b.values()) if gemm_b else 0.0
+    wgrad = sum(w for _, w in gemm_b.values()) if gemm_b else 0.0
     attn_f = comp.attention_time(work.attention_flops_hw * attention_factor, attention_tokens, work.attention_class)
     attn_b = attn_f * (2.0 if unfused_attention else eff.attention_backward_ratio)
     mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
@@ -186,7 +219,10 @@ def layer_time(
     for t_comm, gemm in c.tp:
         hidden = overlapped(gemm_f[gemm], t_comm, cfg.tp, eff.tp_overlap)
         tp_f = tp_f + np.where(tp_on, hidden, t_comm)
-    tp_b = tp_f  # same collectives, paired with the dgrad GEMMs of the same shapes
+    tp_b = np.zeros_like(comp_f)
+    for (kind, _, _), (t_comm, gemm) in zip(work.tp_bytes, c.tp):
+        tp_b = tp_b + np.where(tp_on, overlapped(gemm_f[gemm], t_comm, cfg.tp, eff.tp_overlap),
+                               tp_backward_exposed(kind, t_comm, *gemm_b[gemm], eff, sequence_parallel, tp_backward_overlap))
 
     # --- context parallelism by variant ---------------------------------------------------
     v = cfg.cp_comm

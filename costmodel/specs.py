@@ -506,7 +506,30 @@ class TrainingSpec(Spec):
         "and of the logits while every activation of the micro-batch is still held (measured on an H100: "
         "calibration/kernels/h100-sxm/steps)",
     )
+    elementwise: Literal["fused", "eager"] = Field(
+        default="fused",
+        description="the rotary embedding and SwiGLU: fused = one kernel each (Megatron's Apex/Transformer Engine kernels, "
+        "torch.compile's Inductor); eager = PyTorch ops without compilation as torchtitan writes them (a complex fp32 "
+        "rotary in three kernels a tensor, silu then the product): more HBM traffic and kernels "
+        "(costmodel.architecture.rotary_op, _mlp)",
+    )
+    norm_kernel: Literal["fused", "eager_fp32"] = Field(
+        default="fused",
+        description="the RMSNorm/LayerNorm: fused = one kernel (Apex, Transformer Engine, a Triton kernel such as "
+        "torchtitan's fused_rmsnorm, torch.compile); eager_fp32 = PyTorch composite ops on an fp32 copy (x.float(), "
+        "pow, mean, rsqrt, mul, type_as, * weight; torchtitan's norm_type rmsnorm and Hugging Face without "
+        "compilation): eight kernels, 4D + 28 bytes an element, and autograd keeps the fp32 copy and the unweighted "
+        "output (costmodel.architecture.norm_op)",
+    )
     sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
+    tp_backward_overlap: bool = Field(
+        default=True,
+        description="without userbuffer overlap, the column-parallel backward still hides its input-gradient collective "
+        "behind the weight-gradient GEMM (and under SP re-gathers its input behind the dgrad GEMM): Megatron's "
+        "LinearWithGradAccumulationAndAsyncCommunication and Transformer Engine's Linear (--async-tensor-model-"
+        "parallel-allreduce, default since 2022); false: torchtitan's DTensor TP, whose collectives wait where issued "
+        "(costmodel.layer.tp_backward_exposed)",
+    )
     flops_convention: FlopsConvention = Field(
         default="palm",
         description="how MFU and TFLOP/s are counted in outputs (costmodel.flops): palm (6N + full attention), palm_causal, "
@@ -1009,10 +1032,13 @@ class Problem(Spec):
 
     @model_validator(mode="after")
     def _framework_kernels(self):
-        """A problem searched for torchtitan overlaps TP the way its exporter launches it
-        (--compile.enable-async-tensor-parallel: PyTorch's async TP), unless training says."""
-        if self.search.framework == "torchtitan" and "tp_overlap_impl" not in self.training.model_fields_set:
-            object.__setattr__(self, "training", self.training.model_copy(update={"tp_overlap_impl": "symmetric_memory"}))
+        """A problem searched for torchtitan runs TP the way its exporter launches it, unless
+        training says: overlapped by PyTorch's async TP (--compile.enable-async-tensor-parallel)
+        where tp_overlap is on, else DTensor's synchronous collectives."""
+        if self.search.framework == "torchtitan":
+            given = self.training.model_fields_set
+            update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False)) if k not in given}
+            object.__setattr__(self, "training", self.training.model_copy(update=update))
         return self
 
     @model_validator(mode="after")

@@ -104,3 +104,32 @@ def test_residual_add_is_the_fused_bias_dropout_add(dropout):
     residual = {op.name: float(op.bytes[0]) for op in work.memory_ops if "residual" in op.name or "dropout" in op.name}
     per_add = (3 * D + dropout) * s * b * h
     assert residual == {"attention_residual": per_add, "mlp_residual": per_add} | ({"attention_dropout": residual["attention_dropout"]} if dropout else {})
+
+
+def test_eager_elementwise_moves_what_pytorch_composite_ops_move():
+    """Eager PyTorch Llama code without compilation (torchtitan, Hugging Face).
+    training.norm_kernel eager_fp32: an fp32 RMSNorm in eight kernels, 4D + 28 bytes an element
+    (x.float(), pow, mean, mul, type_as, * weight) where a fused norm moves 2D, and autograd keeps
+    an fp32 copy and the unweighted output of each norm, (4 + D) bytes an element more.
+    training.elementwise eager: the complex fp32 rotary 2D + 16 where a fused one moves 2D; silu
+    then the product 5D an FFN element where SwiGLU fused moves 3D."""
+    m = MODELS["llama3.1-8b"]
+    sh = shard(b=1, seq=4096)
+    spec = lambda **kw: TrainingSpec(global_batch_size=8, seq_len=4096, **kw)
+    fused = arch.dense_layer(m, spec(), sh, D=2)
+    norms = arch.dense_layer(m, spec(norm_kernel="eager_fp32"), sh, D=2)
+    eager = arch.dense_layer(m, spec(elementwise="eager"), sh, D=2)
+    T, h, f = 4096, m.hidden_size, m.ffn_hidden_size
+    qk = (m.num_heads + m.num_kv_heads) * (h // m.num_heads)
+    ops = lambda work: {op.name: op for op in work.memory_ops}
+    for norm in ("input_norm", "pre_mlp_norm"):
+        assert float(ops(fused)[norm].bytes[0]) == 4 * T * h and float(ops(norms)[norm].bytes[0]) == 36 * T * h
+        assert ops(norms)[norm].kernels == 8.0 and float(ops(eager)[norm].bytes[0]) == 4 * T * h
+    assert float(norms.saved_bytes[0] - fused.saved_bytes[0]) == 2 * 6 * T * h
+    assert float(ops(fused)["rotary"].bytes[0]) == 4 * T * qk and float(ops(eager)["rotary"].bytes[0]) == 20 * T * qk
+    assert float(ops(fused)["activation"].bytes[0]) == 6 * T * f and float(ops(eager)["activation"].bytes[0]) == 10 * T * f
+    assert float(eager.saved_bytes[0]) == float(fused.saved_bytes[0])
+    # GEMMs and attention do not change
+    for work in (norms, eager):
+        assert [g.name for g in work.gemms] == [g.name for g in fused.gemms]
+        assert float(work.attention_flops_hw[0]) == float(fused.attention_flops_hw[0])

@@ -7,7 +7,7 @@ import pytest
 from conftest import PROBLEMS
 from costmodel.configs import CP_COMM_CODES, OFFLOAD_MODULE_BITS, PP_SCHEDULE_CODES, RECOMPUTE_MODULE_BITS, ConfigBatch
 from costmodel.documents import document_mask_work
-from costmodel.evaluate import evaluate
+from costmodel.evaluate import evaluate, layer_costs
 from costmodel.loader import ProblemError, load_problem
 from costmodel.memory import MEMORY_KEYS
 from costmodel.rules import violations
@@ -212,3 +212,36 @@ def test_new_fields_give_one_line_errors_naming_the_field(override, field):
         load_problem(SMALL, ["tp=8", "pp=4", "vp=1", override])
     assert err.value.field == field, str(err.value)
     assert "\n" not in str(err.value)
+
+
+def tp_batch(problem, **extra):
+    cols = dict(tp=8, pp=1, first_layers=80, last_layers=80, mbs=1)
+    cols.update(extra)
+    return ConfigBatch.from_columns(problem.cluster.num_gpus, **cols)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_megatron_hides_the_column_parallel_input_gradient_behind_wgrad(sp):
+    """Megatron's column-parallel backward (LinearWithGradAccumulationAndAsyncCommunication)
+    launches the input gradient's reduce-scatter (all-reduce without SP) asynchronously beside
+    the wgrad GEMM; torchtitan's DTensor TP waits where it issues. Synchronous, the backward moves
+    what the forward moved (under SP its reverse, without SP the all-reduce on the other side)."""
+    over = ["config=null", "hardware=h100-sxm", f"training.sequence_parallel={str(sp).lower()}"]
+    sync_problem = load_problem(SMALL, over + ["training.tp_backward_overlap=false"])
+    megatron_problem = load_problem(SMALL, over)
+    tp = lambda p, **extra: float(layer_costs(p, tp_batch(p, **extra)).kinds[0].tp[0])  # forward + backward
+    sync, megatron = tp(sync_problem), tp(megatron_problem)
+    # the forward is the same (sync = 2 x forward); Megatron's backward is hidden in part, never worse
+    assert sync / 2 < megatron < sync
+    if not sp:  # the row-parallel backward has no collective; the all-reduce hides behind wgrad
+        assert megatron < 0.75 * sync
+    if sp:  # userbuffer overlap (tp_overlap) replaces both behaviours
+        assert tp(sync_problem, tp_overlap=1) == pytest.approx(tp(megatron_problem, tp_overlap=1), rel=1e-12)
+
+
+def test_a_torchtitan_search_runs_tp_synchronously_unless_told():
+    problem = load_problem(SMALL, ["search.framework=torchtitan"])
+    assert problem.training.tp_backward_overlap is False
+    told = load_problem(SMALL, ["search.framework=torchtitan", "training.tp_backward_overlap=true"])
+    assert told.training.tp_backward_overlap is True
+    assert load_problem(SMALL, []).training.tp_backward_overlap is True
