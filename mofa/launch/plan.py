@@ -97,6 +97,8 @@ class LaunchPlan(BaseModel):
     dtypes: DtypeSpec = Field(description="params, gradient accumulation/reduction, optimizer states, activations, GEMM inputs")
     optimizer: Literal["adam"] = "adam"
     attention_kernel: Literal["flash", "unfused"] = "flash"
+    compiled: bool = Field(default=True, description="the norms, rotary and SwiGLU run fused (training.elementwise and "
+                           "norm_kernel fused): torchtitan is launched with torch.compile, which fuses them")
 
     # length and checkpoints
     train_iters: int | None = Field(description="training.steps, or tokens / (global batch x sequence); None when the problem gives neither")
@@ -207,6 +209,7 @@ def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchP
         pp_overlap=spec.pp_overlap, dp_overlap=spec.dp_overlap,
         dtypes=tr.dtypes,
         attention_kernel=tr.attention_kernel,
+        compiled=tr.elementwise == "fused" and tr.norm_kernel == "fused",
         train_iters=tr.total_steps,
         checkpoint_interval=interval,
     )

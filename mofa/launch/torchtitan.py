@@ -106,10 +106,10 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
     # parallelism nor the default EP token dispatcher, which synchronises with the CPU
     if p.pp > 1 or p.ep > 1:
         args.append("--training.disable-cuda-graphs")
-    if p.tp_overlap:
-        args += ["--compile.enable", "--compile.components", "model,loss", "--compile.enable-async-tensor-parallel"]
-    else:
-        args += ["--compile.no-enable-async-tensor-parallel"]
+    # torch.compile fuses what the model prices fused (the norms, rotary, SwiGLU); async TP needs it too
+    if p.compiled or p.tp_overlap:
+        args += ["--compile.enable", "--compile.components", "model,loss"]
+    args.append("--compile.enable-async-tensor-parallel" if p.tp_overlap else "--compile.no-enable-async-tensor-parallel")
     if p.checkpoint_interval is not None:
         args += ["--checkpoint.enable", "--checkpoint.interval", str(p.checkpoint_interval)]
     else:

@@ -249,6 +249,10 @@ def test_torchtitan_fsdp_hsdp_tp_pp_cp_and_checkpointing(tmp_path):
     assert flag_value(torchtitan_args(plan_of(problem, tp=2, pp=2, pp_schedule="afab", zero_stage=3)), "--parallelism.pipeline-parallel-schedule") == "GPipe"
     ddp = torchtitan_args(plan_of(problem, tp=2))
     assert flag_value(ddp, "--parallelism.data-parallel-replicate-degree") == "32" and flag_value(ddp, "--parallelism.data-parallel-shard-degree") == "1"
+    # compiled as the model prices it (fused norms, rotary, SwiGLU), async TP or not; eager where the problem says
+    assert "--compile.enable" in ddp and "--compile.no-enable-async-tensor-parallel" in ddp
+    eager = small_problem(tmp_path, global_batch_size=64, seq_len=8192, elementwise="eager")
+    assert "--compile.enable" not in torchtitan_args(plan_of(eager, tp=2))
 
 
 @pytest.mark.parametrize("fields,reason", [
