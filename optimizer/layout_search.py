@@ -29,8 +29,6 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from costmodel.schedule_sim import simulate
-
 from costmodel.stage_layout import (
     LayoutContext,
     LayoutError,
@@ -99,6 +97,100 @@ def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, pr
     return n_f, n_b
 
 
+class ScheduleGraph:
+    """The dependency graph of a schedule's op lists (schedule_sim's rules: an op waits for its
+    rank's previous op, a forward for the previous stage's forward of its micro-batch, a
+    backward for its own forward and the next stage's backward) at zero hop time, levelled once
+    (an op's level is one more than its deepest input's), so that the makespan of any per-stage
+    times -- schedule_sim.simulate's at hop 0, the layout search's objective -- is a few numpy
+    operations per level, for many layouts at once. ~20x faster than replaying the op lists,
+    which makes the search's cut generation and its local search affordable at m = 480."""
+
+    def __init__(self, ops, stages: int):
+        flat = [(i, op) for rank_ops in ops for i, op in enumerate(rank_ops)]
+        n = len(flat)
+        index = {(op.kind, op.stage, op.microbatch): k for k, (_, op) in enumerate(flat)}
+        preds = np.full((n, 3), n, dtype=np.int64)  # n: a sentinel input that ends at 0
+        for k, (i, op) in enumerate(flat):
+            row = [k - 1] if i > 0 else []
+            if op.kind == "F" and op.stage > 0:
+                row.append(index["F", op.stage - 1, op.microbatch])
+            if op.kind == "B":
+                row.append(index["F", op.stage, op.microbatch])
+                if op.stage < stages - 1:
+                    row.append(index["B", op.stage + 1, op.microbatch])
+            preds[k, :len(row)] = row
+        waiting = (preds < n).sum(axis=1)
+        successors = [[] for _ in range(n)]
+        for k in range(n):
+            for p in preds[k][preds[k] < n]:
+                successors[p].append(k)
+        level = np.zeros(n, dtype=np.int64)
+        frontier, done = [k for k in range(n) if waiting[k] == 0], 0
+        while frontier:
+            following = []
+            for k in frontier:
+                done += 1
+                for q in successors[k]:
+                    waiting[q] -= 1
+                    level[q] = max(level[q], level[k] + 1)
+                    if waiting[q] == 0:
+                        following.append(q)
+            frontier = following
+        if done != n:
+            raise ValueError("the schedule deadlocks: its dependency graph has a cycle")
+        order = np.argsort(level, kind="stable")
+        edges = np.searchsorted(level[order], np.arange(level.max() + 2))
+        self.levels = [order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
+        self.preds = preds
+        self.is_forward = np.array([op.kind == "F" for _, op in flat])
+        self.stage = np.array([op.stage for _, op in flat])
+        self.ops = n
+        self.stages = stages
+
+    def ends(self, forward_s: np.ndarray, backward_s: np.ndarray) -> np.ndarray:
+        """End time of every op (and a last entry 0 for the sentinel): [op + 1] for per-stage
+        seconds [stage] in model order, [op + 1, K] for K layouts' [stage, K]."""
+        forward_s, backward_s = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
+        is_f = self.is_forward if forward_s.ndim == 1 else self.is_forward[:, None]
+        duration = np.where(is_f, forward_s[self.stage], backward_s[self.stage])
+        end = np.zeros((self.ops + 1,) + duration.shape[1:])
+        for idx in self.levels:
+            end[idx] = end[self.preds[idx]].max(axis=1) + duration[idx]
+        return end
+
+    def makespan(self, forward_s: np.ndarray, backward_s: np.ndarray):
+        """The longest path: a float for one layout, [K] for K."""
+        return self.ends(forward_s, backward_s)[:-1].max(axis=0)
+
+    def path(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(forward ops, backward ops) per stage on a longest path (backtracked from the op that
+        ends last through an input that ends latest): as a linear form in the stage times it
+        equals this layout's makespan and bounds every other layout's from below."""
+        end = self.ends(forward_s, backward_s)
+        k = int(end[:-1].argmax())
+        n_f, n_b = np.zeros(self.stages), np.zeros(self.stages)
+        while k < self.ops:
+            (n_f if self.is_forward[k] else n_b)[self.stage[k]] += 1
+            p = self.preds[k]
+            k = int(p[end[p].argmax()])
+        return n_f, n_b
+
+
+_GRAPHS: dict = {}
+
+
+
+def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
+    """The skeleton's ScheduleGraph, built once per op-list shape (a few hundred ms at m = 480)."""
+    key = (ctx.pp, ctx.vp, tuple((op.kind, op.stage, op.microbatch) for rank_ops in ctx.ops for op in rank_ops))
+    if key not in _GRAPHS:
+        if len(_GRAPHS) > 8:
+            _GRAPHS.clear()
+        _GRAPHS[key] = ScheduleGraph(ctx.ops, ctx.pp * ctx.vp)
+    return _GRAPHS[key]
+
+
 def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
     """(kind, first layer, end) of each maximal run of equal kinds in model order."""
     runs = []
@@ -135,9 +227,146 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
     return base0, base, trans0, trans, head
 
 
+def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, float]:
+    """rank_memory_model's (base_0, base per kind, transient_0, transient per kind, head bytes)
+    with the MTP modules of the last rank folded into the constants, and the MTP modules'
+    activation bytes (held with the last local chunk): the rank fits when
+        base_0 + base . counts + (1+frag) * max(transient_0 + transient . counts,
+                                               max_h sum_c h_c act . chunk_c + head + h_last * mtp_act) <= capacity
+    over its in-flight vectors h (ctx.held). The CP-SAT model and the local search read it."""
+    base0, base, trans0, trans, head = rank_memory_model(ctx, rank)
+    mtp_act = 0.0
+    if rank == (ctx.pp * ctx.vp - 1) % ctx.pp and ctx.mtp_kind is not None:
+        mtp_layers = ctx.problem.model.mtp_layers
+        base0 += mtp_layers * base[ctx.mtp_kind]
+        trans0 += mtp_layers * trans[ctx.mtp_kind]
+        mtp_act = mtp_layers * unit_costs(ctx)["kind_activation"][ctx.mtp_kind]
+    return base0, base, trans0, trans, head, mtp_act
+
+
+class LinearLayouts:
+    """A skeleton's layouts in the linear form the search works with, vectorized over many
+    layouts: layers of each kind-run per stage (clipped prefix sums), per-stage forward and
+    backward seconds (chunk_times' composition) and the rank memory test of rank_memory_terms.
+    The local search screens neighbours with it; the exact model (score_layout) has the last
+    word on what fits."""
+
+    def __init__(self, ctx: LayoutContext):
+        self.ctx = ctx
+        u = unit_costs(ctx)
+        self.stages = ctx.pp * ctx.vp
+        self.runs = kind_runs(ctx.kind_of_layer)
+        self.kind_of_run = np.array([k for k, _, _ in self.runs])
+        mtp = np.zeros(self.stages)
+        mtp[-1] = ctx.problem.model.mtp_layers
+        edge = np.zeros((self.stages, len(ctx.kinds)))
+        if ctx.mtp_kind is not None:
+            edge[-1, ctx.mtp_kind] = mtp[-1]
+        first = np.arange(self.stages) == 0
+        last = np.arange(self.stages) == self.stages - 1
+        self.const_forward_s, self.const_backward_s = chunk_times(u, edge, mtp, first, last)
+        self.forward_s = u["kind_forward"][self.kind_of_run]
+        self.backward_s = (u["kind_total"] - u["kind_forward"])[self.kind_of_run]
+        self.act = u["kind_activation"][self.kind_of_run]
+        self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
+        self.frag = ctx.mc.fragmentation
+        self.capacity = ctx.problem.hardware.memory_bytes
+
+    def run_counts(self, decoders: np.ndarray) -> np.ndarray:
+        """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
+        prefix = np.cumsum(decoders, axis=1)
+        before = prefix - decoders
+        low = np.array([a for _, a, _ in self.runs])
+        high = np.array([b for _, _, b in self.runs])
+        return np.clip(prefix[..., None], low, high) - np.clip(before[..., None], low, high)
+
+    def times(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]."""
+        return (counts @ self.forward_s + self.const_forward_s).T, (counts @ self.backward_s + self.const_backward_s).T
+
+    def rank_rows(self, counts: np.ndarray) -> list[np.ndarray]:
+        """Per rank, [K, 1 + vectors] the peak bytes of each memory row (rank_memory_terms):
+        the optimizer transient's, then each in-flight vector's; the rank's peak is their max."""
+        out = []
+        pp = self.ctx.pp
+        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
+            mine = counts[:, r::pp, :]  # [K, chunk, run]
+            fixed = base0 + mine.sum(axis=1) @ base[self.kind_of_run]
+            transient = trans0 + mine.sum(axis=1) @ trans[self.kind_of_run]
+            held = self.ctx.held[r]  # [vectors, chunk]
+            activations = (mine @ self.act) @ held.T + held[:, -1][None, :] * mtp_act + head
+            out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
+        return out
+
+    def fits(self, counts: np.ndarray) -> np.ndarray:
+        """[K] whether every rank's linear memory test passes."""
+        return np.all([rows.max(axis=1) <= self.capacity for rows in self.rank_rows(counts)], axis=0)
+
+
+def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
+                 lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
+                 max_layers: int | None = None) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
+    """Descent over single-layer moves from `start` (a layout that fits): every move of one
+    layer across a stage boundary and as many moves between random stages, screened by the
+    linear memory test, scored in batches on the schedule graph; the best improving move of a
+    batch is taken. Returns the best layout's decoder counts, its makespan, and the longest
+    paths of the layouts it moved through and of the best neighbours of the last one (cuts
+    that are tight near the local optimum). Moves keep `min_layers` <= a stage <= `max_layers`
+    and, with `spread`, a rank's chunks within that many layers (solve_layout's constraints).
+    Deterministic (fixed seed)."""
+    t0 = time.perf_counter()
+    lin = lin or LinearLayouts(ctx)
+    graph = schedule_graph(ctx)
+    stages = lin.stages
+    rng = np.random.default_rng(0)
+    current = np.array(start, dtype=np.int64)
+    f, b = lin.times(lin.run_counts(current[None]))
+    value = float(graph.makespan(f, b)[0])
+    paths = [graph.path(f[:, 0], b[:, 0])]
+    while time.perf_counter() - t0 < time_limit_s:
+        moves = [(s, s + 1) for s in range(stages - 1)] + [(s + 1, s) for s in range(stages - 1)]
+        moves += [tuple(int(x) for x in rng.choice(stages, 2, replace=False)) for _ in range(2 * stages)]
+        moves = [(a, c) for a, c in moves if current[a] > 0]
+        order = rng.permutation(len(moves))
+        improved = False
+        neighbours = []
+        for i in range(0, len(order), batch):
+            chunk = [moves[j] for j in order[i:i + batch]]
+            cand = np.repeat(current[None], len(chunk), axis=0)
+            for row, (a, c) in enumerate(chunk):
+                cand[row, a] -= 1
+                cand[row, c] += 1
+            keep = (cand.min(axis=1) >= min_layers) & (cand.max(axis=1) <= (max_layers if max_layers is not None else np.inf))
+            if spread is not None:
+                per_rank = cand.reshape(len(cand), ctx.vp, ctx.pp)
+                keep &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
+            counts = lin.run_counts(cand)
+            keep &= lin.fits(counts)
+            if not keep.any():
+                continue
+            cand, counts = cand[keep], counts[keep]
+            f, b = lin.times(counts)
+            values = graph.makespan(f, b)
+            neighbours.extend(zip(values, range(len(values)), [(f, b)] * len(values)))
+            k = int(values.argmin())
+            if values[k] < value * (1 - 1e-12):
+                current, value, improved = cand[k], float(values[k]), True
+                paths.append(graph.path(f[:, k], b[:, k]))
+                break
+            if time.perf_counter() - t0 >= time_limit_s:
+                break
+        if not improved:
+            neighbours.sort(key=lambda x: x[0])
+            for _, k, (f, b) in neighbours[:batch // 2]:
+                paths.append(graph.path(f[:, k], b[:, k]))
+            break
+    return tuple(int(x) for x in current), value, paths
+
+
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0, graph: bool = False,
-                 max_layers: int | None = None, chunk_spread: int | None = None) -> LayoutSolution:
+                 max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
+                 local_fraction: float = 0.15) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -205,6 +434,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     per_op = (max(u["kind_total"].max(), 0.0) * n_layers + float(const_f.max() + const_b.max())) * TIME_SCALE
     horizon = int(2 * ctx.microbatches * stages * per_op) + 1
     z = model.NewIntVar(0, horizon, "makespan")
+    lin = LinearLayouts(ctx)
     cuts = set()
 
     def cut(n_f, n_b):
@@ -218,38 +448,90 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
         if chunk_spread is None or (n_f == n_b).all():
             cut(n_f, n_b)
+    # Each rank's layers of each kind as integer variables, and the rank's busy time over them
+    # (implied by the segment paths, but in this form CP-SAT's max_lp and lb_tree_search workers
+    # reason on the integer rank totals: DeepSeek-V3's bound 56.8 -> 60.1 s in 10 s)
+    kinds_used = sorted(set(kind_of_run))
+    for r in range(pp):
+        mine = range(r, stages, pp)
+        total = {k: model.NewIntVar(0, n_layers, f"L{r}_{k}") for k in kinds_used}
+        for k in kinds_used:
+            model.Add(total[k] == sum(run_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
+        per_layer = {k: fwd[kind_of_run.index(k)] + bwd[kind_of_run.index(k)] for k in kinds_used}
+        const = sum(int(round(const_f[s] * TIME_SCALE)) + int(round(const_b[s] * TIME_SCALE)) for s in mine)
+        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const))
     best, best_score = None, None
     for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
         score = score_layout(ctx, layout)
-        for prefer_rank in (False, True):
-            cut(*_path_of(ctx, score, prefer_rank))
+        cut(*_path_of(ctx, score))
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
 
+    def descend(layout, budget_s):
+        """Local search from a layout that fits: a better incumbent, and the longest paths of
+        the layouts around the local optimum as cuts (the ones CP-SAT's bound needs there)."""
+        nonlocal best, best_score
+        if not local or budget_s <= 0:
+            return
+        decoders, _, paths = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
+                                          max_layers=max_layers)
+        for n_f, n_b in paths:
+            cut(n_f, n_b)
+        found = StageLayout(pp=pp, vp=vp, decoders=decoders, mtp=tuple(int(x) for x in mtp))
+        score = score_layout(ctx, found)
+        add_rows(found.decoders)
+        if score.fits and score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s:
+            best, best_score = found, score
+
+    # Memory: per rank one row for the optimizer transient and one per in-flight vector h, in
+    # integer KiB. A rank of interleaved 1F1B has up to ~100 vectors, and all of them make a
+    # model whose presolve alone takes seconds; so each rank starts with its transient row and
+    # the vectors that bind for the seeds, and an answer that breaks a row brings that row in
+    # (fewer rows only relax the model: its bound stays valid).
     frag = ctx.mc.fragmentation
-    cap = ctx.problem.hardware.memory_bytes
+    budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
     act = u["kind_activation"]
-    for r in range(pp):
-        base0, base, trans0, trans, head = rank_memory_model(ctx, r)
+    scaled_frag = int(round((1 + frag) * 1000))
+    memory_rows = {}  # (rank, vector index or -1 for the transient) -> (left side, float test on run counts)
+    for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
         mine = list(range(r, stages, pp))
         kind_count = {k: [] for k in range(len(ctx.kinds))}
         for s in mine:
             for j, k in enumerate(kind_of_run):
                 kind_count[k].append(run_counts[s][j])
-        if r == (stages - 1) % pp and ctx.mtp_kind is not None:
-            base0 += mtp_layers * base[ctx.mtp_kind]
-            trans0 += mtp_layers * trans[ctx.mtp_kind]
         base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
         trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
-        budget = int(cap // BYTE_SCALE)
-        model.Add(base_expr * 1000 + int(round((1 + frag) * 1000)) * trans_expr <= budget * 1000)
-        # the MTP modules' layers sit in the last stage: local chunk vp-1 of the last rank
-        mtp_act = mtp_layers * act[ctx.mtp_kind] if (r == (stages - 1) % pp and ctx.mtp_kind is not None) else 0.0
-        for h in ctx.held[r]:
+        memory_rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
+        for i, h in enumerate(ctx.held[r]):
             act_expr = sum(int(h[c]) * sum(int(round(act[k] / BYTE_SCALE)) * run_counts[s][j] for j, k in enumerate(kind_of_run))
                            for c, s in enumerate(mine) if h[c])
             const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
-            model.Add(base_expr * 1000 + int(round((1 + frag) * 1000)) * (act_expr + const) <= budget * 1000)
+            memory_rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
+    added_rows = set()
+
+    def add_rows(decoders) -> bool:
+        """Add the memory rows this layout breaks, and per rank the row nearest to binding;
+        whether any row was new."""
+        counts = lin.run_counts(np.array(decoders)[None])
+        new = False
+        for r, values in enumerate(lin.rank_rows(counts)):
+            values = values[0]  # [1 + vectors] bytes: transient first
+            order = [int(np.argmax(values))] + [i for i in np.flatnonzero(values > ctx.problem.hardware.memory_bytes)]
+            for i in order:
+                key = (r, i - 1)
+                if key not in added_rows:
+                    added_rows.add(key)
+                    model.Add(memory_rows[key] <= budget * 1000)
+                    new = True
+        return new
+
+    for r in range(pp):
+        added_rows.add((r, -1))
+        model.Add(memory_rows[r, -1] <= budget * 1000)
+    for layout in seeds:
+        add_rows(layout.decoders)
+    if best is not None:
+        descend(best, local_fraction * time_limit_s)
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
         for rank_ops in ctx.ops:
@@ -275,14 +557,20 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
 
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
     slack = 0.5 * 2 * ctx.microbatches * stages * (len(runs) + 1) / TIME_SCALE
-    bound, rounds, proven = 0.0, 0, False
+    bound, rounds, proven, stalled = 0.0, 0, False, False
     while True:
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0 and best is not None:
             break
         solver = cp_model.CpSolver()
-        # the first round may take all the time (the incumbent is only a seed); later rounds are capped
-        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if rounds else remaining, 0.05)
+        # without an incumbent the first round may take all the time; otherwise rounds are capped
+        # so that each answer's critical path and neighbourhood return to the model as cuts
+        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if best is not None and not stalled else remaining, 0.05)
+        if workers == 2:
+            # the bound is what certifies, and the incumbent comes from the local search: on the
+            # bench's cases these two full-problem workers prove 60.1 s where the default pair
+            # (default_lp with first-solution and LNS helpers) proves 56.8 s (DeepSeek-V3, 10 s)
+            solver.parameters.subsolvers.extend(["max_lp", "lb_tree_search"])
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = 0
         model.ClearHints()
@@ -291,6 +579,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 model.AddHint(var, value)
         status = solver.Solve(model)
         rounds += 1
+        if status == cp_model.UNKNOWN and best is not None:
+            # no answer this round, but its bound is proven; the unchanged model gets the rest of the time
+            bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)
+            stalled = True
+            continue
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if best is not None:
                 break
@@ -301,9 +594,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         makespan = score.pipeline_s - score.pp_exposed_s
         if score.fits and (best_score is None or makespan < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
-        if not score.fits:  # rounding put it over the capacity: exclude this layout
-            model.AddForbiddenAssignments(t, [layout.decoders])
+        if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
+            if not add_rows(layout.decoders):
+                model.AddForbiddenAssignments(t, [layout.decoders])
             continue
+        add_rows(layout.decoders)
         if not refine:
             proven = status == cp_model.OPTIMAL
             break
@@ -311,8 +606,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
             proven = True
             break
-        added = [cut(*_path_of(ctx, score, prefer_rank)) for prefer_rank in (False, True)]
-        if not any(added) and status == cp_model.OPTIMAL:
+        added = cut(*_path_of(ctx, score))
+        descend(layout, min(local_fraction * time_limit_s, time_limit_s - (time.perf_counter() - start)) / 2)
+        if not added and status == cp_model.OPTIMAL:
             proven = True  # its own path was already a cut: CP-SAT's value is its makespan
             break
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
@@ -347,9 +643,10 @@ def segment_paths(ops, stages: int, microbatches: int):
                 yield n_f, n_b
 
 
-def _path_of(ctx: LayoutContext, score, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    f, b = score.chunk_seconds(ctx.pp, ctx.vp)
-    return critical_path(ctx.ops, simulate(ctx.ops, f, b, 0.0), f, b, prefer_rank)
+def _path_of(ctx: LayoutContext, score) -> tuple[np.ndarray, np.ndarray]:
+    """A longest path of the scored layout's schedule (ScheduleGraph.path; critical_path on the
+    simulation finds one of the same length)."""
+    return schedule_graph(ctx).path(score.forward_s, score.backward_s)
 
 
 def dp_layout(ctx: LayoutContext) -> tuple[StageLayout | None, float]:
