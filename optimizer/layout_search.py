@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 
 import numpy as np
@@ -163,6 +164,26 @@ class ScheduleGraph:
         """The longest path: a float for one layout, [K] for K."""
         return self.ends(forward_s, backward_s)[:-1].max(axis=0)
 
+    def paths(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`path` of K layouts at once ([stage, K] seconds): [K, stage] forward and backward
+        op counts, all K backtracked in step."""
+        end = self.ends(forward_s, backward_s)
+        width = end.shape[1]
+        k = end[:-1].argmax(axis=0)
+        n_f, n_b = np.zeros((width, self.stages)), np.zeros((width, self.stages))
+        cols = np.arange(width)
+        while True:
+            live = k < self.ops
+            if not live.any():
+                break
+            kk, cc = k[live], cols[live]
+            fwd = self.is_forward[kk]
+            np.add.at(n_f, (cc[fwd], self.stage[kk[fwd]]), 1)
+            np.add.at(n_b, (cc[~fwd], self.stage[kk[~fwd]]), 1)
+            p = self.preds[kk]  # [live, 3]
+            k[live] = p[np.arange(len(kk)), end[p, cc[:, None]].argmax(axis=1)]
+        return n_f, n_b
+
     def path(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(forward ops, backward ops) per stage on a longest path (backtracked from the op that
         ends last through an input that ends latest): as a linear form in the stage times it
@@ -189,6 +210,22 @@ def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
             _GRAPHS.clear()
         _GRAPHS[key] = ScheduleGraph(ctx.ops, ctx.pp * ctx.vp)
     return _GRAPHS[key]
+
+
+class _Answers(cp_model.CpSolverSolutionCallback):
+    """Every distinct layout CP-SAT reports during one solve (the decoder counts)."""
+
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+        self.answers = []
+        self.seen = set()
+
+    def on_solution_callback(self):
+        answer = tuple(int(self.Value(v)) for v in self.t)
+        if answer not in self.seen:
+            self.seen.add(answer)
+            self.answers.append(answer)
 
 
 def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
@@ -298,18 +335,24 @@ class LinearLayouts:
             out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
         return out
 
+    def excess(self, counts: np.ndarray) -> np.ndarray:
+        """[K, rank] bytes of each rank's peak over the capacity (0 where it fits)."""
+        return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts)], axis=1)
+
     def fits(self, counts: np.ndarray) -> np.ndarray:
         """[K] whether every rank's linear memory test passes."""
-        return np.all([rows.max(axis=1) <= self.capacity for rows in self.rank_rows(counts)], axis=0)
+        return (self.excess(counts) <= 0).all(axis=1)
 
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
                  lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
-                 max_layers: int | None = None) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
-    """Descent over single-layer moves from `start` (a layout that fits): every move of one
-    layer across a stage boundary and as many moves between random stages, screened by the
-    linear memory test, scored in batches on the schedule graph; the best improving move of a
-    batch is taken. Returns the best layout's decoder counts, its makespan, and the longest
+                 max_layers: int | None = None, max_moves: int = 4096, neighbour_paths: int = 32) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
+    """Descent over single-layer moves from `start`: moves of one layer from any stage to any
+    other (at most `max_moves`, ordered by how much they shorten the current longest path),
+    screened by the linear memory test, scored in batches on the schedule graph; the best
+    improving move of the first batch that has one is taken. A start that does not fit is
+    first repaired (least memory over the capacity, summed over ranks). Returns the best
+    layout's decoder counts, its makespan, and the longest
     paths of the layouts it moved through and of the best neighbours of the last one (cuts
     that are tight near the local optimum). Moves keep `min_layers` <= a stage <= `max_layers`
     and, with `spread`, a rank's chunks within that many layers (solve_layout's constraints).
@@ -320,18 +363,28 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     stages = lin.stages
     rng = np.random.default_rng(0)
     current = np.array(start, dtype=np.int64)
-    f, b = lin.times(lin.run_counts(current[None]))
+    counts = lin.run_counts(current[None])
+    f, b = lin.times(counts)
     value = float(graph.makespan(f, b)[0])
+    over = lin.excess(counts)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
     paths = [graph.path(f[:, 0], b[:, 0])]
+    main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
     while time.perf_counter() - t0 < time_limit_s:
-        moves = [(s, s + 1) for s in range(stages - 1)] + [(s + 1, s) for s in range(stages - 1)]
-        moves += [tuple(int(x) for x in rng.choice(stages, 2, replace=False)) for _ in range(2 * stages)]
-        moves = [(a, c) for a, c in moves if current[a] > 0]
-        order = rng.permutation(len(moves))
+        # every move of one layer from stage a to stage c, the most promising first: off a rank
+        # over its memory, then those that shorten the current longest path most (its ops on a
+        # minus its ops on c), ties at random
+        n_f, n_b = paths[-1]
+        weight = n_f * lin.forward_s[main_run] + n_b * lin.backward_s[main_run]
+        a, c = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
+        ok = (a != c) & (current[a] > 0)
+        a, c = a[ok], c[ok]
+        rank_over = over[np.arange(stages) % ctx.pp]
+        order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c]), -(rank_over[a] - rank_over[c])))[:max_moves]
+        moves = list(zip(a[order].tolist(), c[order].tolist()))
         improved = False
         neighbours = []
-        for i in range(0, len(order), batch):
-            chunk = [moves[j] for j in order[i:i + batch]]
+        for i in range(0, len(moves), batch):
+            chunk = moves[i:i + batch]
             cand = np.repeat(current[None], len(chunk), axis=0)
             for row, (a, c) in enumerate(chunk):
                 cand[row, a] -= 1
@@ -340,46 +393,65 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             if spread is not None:
                 per_rank = cand.reshape(len(cand), ctx.vp, ctx.pp)
                 keep &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
-            counts = lin.run_counts(cand)
-            keep &= lin.fits(counts)
             if not keep.any():
                 continue
-            cand, counts = cand[keep], counts[keep]
+            cand = cand[keep]
+            counts = lin.run_counts(cand)
+            cand_over = lin.excess(counts)
             f, b = lin.times(counts)
             values = graph.makespan(f, b)
-            neighbours.extend(zip(values, range(len(values)), [(f, b)] * len(values)))
-            k = int(values.argmin())
-            if values[k] < value * (1 - 1e-12):
-                current, value, improved = cand[k], float(values[k]), True
+            if over.sum() > 0:  # repairing: least total excess, then the shortest
+                k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
+                better = cand_over[k].sum() < over.sum()
+            else:
+                fit = np.flatnonzero(cand_over.sum(axis=1) <= 0)
+                if not len(fit):
+                    continue
+                neighbours.extend((values[k], tuple(cand[k])) for k in fit)
+                k = int(fit[np.argmin(values[fit])])
+                better = values[k] < value * (1 - 1e-12)
+            if better:
+                current, value, over, improved = cand[k], float(values[k]), cand_over[k], True
                 paths.append(graph.path(f[:, k], b[:, k]))
                 break
             if time.perf_counter() - t0 >= time_limit_s:
                 break
         if not improved:
-            neighbours.sort(key=lambda x: x[0])
-            for _, k, (f, b) in neighbours[:batch // 2]:
-                paths.append(graph.path(f[:, k], b[:, k]))
+            neighbours.sort()
+            near = np.array([decoders for _, decoders in neighbours[:neighbour_paths]], dtype=np.int64).reshape(-1, stages)
+            for i in range(0, len(near), batch):
+                f, b = lin.times(lin.run_counts(near[i:i + batch]))
+                paths.extend(zip(*graph.paths(f, b)))
             break
     return tuple(int(x) for x in current), value, paths
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
-                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0, graph: bool = False,
+                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
-                 local_fraction: float = 0.15) -> LayoutSolution:
+                 local_fraction: float = 0.15, neighbour_paths: int = 32) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
     The objective is the simulated makespan, a max over the schedule graph's paths of linear
-    forms in the layer counts. CP-SAT starts from the critical-path bound's paths (one per rank)
-    and those of the `seeds`' simulations; each round it solves, the exact model simulates the
-    answer, and the answer's critical path is added as a cut, until the best simulated layout
-    meets CP-SAT's bound (certified optimal) or time runs out (its gap is reported).
+    forms in the layer counts (any path bounds every layout from below). The model starts from
+    the segment paths of every rank (segment_paths), each rank's busy time over its integer
+    kind totals, and the longest paths of the `seeds` and of a local search from the best seed
+    that fits (local_search: the incumbent, and the paths of its best `neighbour_paths`
+    neighbours, which are tight around it); memory rows come in as answers break them.
+    Free layouts with an incumbent: each round asks CP-SAT for layouts the model prices below
+    the incumbent; every answer's longest path becomes a cut (or the answer the new incumbent),
+    and INFEASIBLE certifies the incumbent. Otherwise (regular layouts, no incumbent yet,
+    refine=False) each round minimises the model, simulates the answer and adds its path,
+    until the best simulated layout meets CP-SAT's bound. Either way the bound is proven when
+    time runs out and the gap is reported.
     refine=False stops after the first round: the critical-path bound's optimum (the DP oracle's
     objective). chunk_spread: search only regular layouts, whose chunks on one rank differ by at
     most this many layers (the answer and its bound then hold among those; the cuts start from
-    the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve after the first (its bound is proven
-    either way). graph=True replaces the cuts by the whole event graph of the schedule (an
+    the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve
+    once there is an incumbent (a round that finds nothing gets the rest of the time; its bound
+    is proven either way). local=False skips the local search (local_fraction of the time
+    limit). graph=True replaces the cuts by the whole event graph of the schedule (an
     end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
     instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s)."""
     start = time.perf_counter()
@@ -448,9 +520,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
         if chunk_spread is None or (n_f == n_b).all():
             cut(n_f, n_b)
-    # Each rank's layers of each kind as integer variables, and the rank's busy time over them
-    # (implied by the segment paths, but in this form CP-SAT's max_lp and lb_tree_search workers
-    # reason on the integer rank totals: DeepSeek-V3's bound 56.8 -> 60.1 s in 10 s)
+    # Each rank's layers of each kind as integer variables, and the rank's busy time over them:
+    # implied by the segment paths, but in this form CP-SAT branches and propagates on the
+    # integer rank totals (with it the bound reaches DeepSeek-V3's rank bound, 4 MoE layers x
+    # 480 micro-batches = 57.6 s, within the first round)
     kinds_used = sorted(set(kind_of_run))
     for r in range(pp):
         mine = range(r, stages, pp)
@@ -468,19 +541,20 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             best, best_score = layout, score
 
     def descend(layout, budget_s):
-        """Local search from a layout that fits: a better incumbent, and the longest paths of
-        the layouts around the local optimum as cuts (the ones CP-SAT's bound needs there)."""
+        """Local search from a layout (repaired first where it does not fit): a better
+        incumbent, and the longest paths of the layouts around the local optimum as cuts (the
+        ones CP-SAT's bound needs there)."""
         nonlocal best, best_score
         if not local or budget_s <= 0:
             return
         decoders, _, paths = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
-                                          max_layers=max_layers)
+                                          max_layers=max_layers, neighbour_paths=neighbour_paths)
         for n_f, n_b in paths:
             cut(n_f, n_b)
         found = StageLayout(pp=pp, vp=vp, decoders=decoders, mtp=tuple(int(x) for x in mtp))
         score = score_layout(ctx, found)
         add_rows(found.decoders)
-        if score.fits and score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s:
+        if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = found, score
 
     # Memory: per rank one row for the optimizer transient and one per in-flight vector h, in
@@ -532,6 +606,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         add_rows(layout.decoders)
     if best is not None:
         descend(best, local_fraction * time_limit_s)
+    elif seeds:  # no seed fits: repair the one least over the capacity
+        over = [lin.excess(lin.run_counts(np.array(seed.decoders)[None])).sum() for seed in seeds]
+        descend(seeds[int(np.argmin(over))], local_fraction * time_limit_s)
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
         for rank_ops in ctx.ops:
@@ -555,22 +632,76 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             model.Add(z >= previous)
     model.Minimize(z)
 
+    def _take_answers(answers) -> bool:
+        """Score CP-SAT's answers on the schedule graph in one batch: each one's longest path
+        becomes a cut, the memory rows it breaks come in, the best that fits (the exact model
+        confirming) becomes the incumbent; whether anything was new."""
+        nonlocal best, best_score
+        decoders = np.array(answers, dtype=np.int64)
+        new = False
+        for i in range(0, len(decoders), 64):
+            part = decoders[i:i + 64]
+            counts = lin.run_counts(part)
+            f, b = lin.times(counts)
+            values = graph_.makespan(f, b)
+            for n_f, n_b in zip(*graph_.paths(f, b)):
+                new |= cut(n_f, n_b)
+            fits = lin.fits(counts)
+            for k in np.argsort(values):
+                if not fits[k]:
+                    new |= add_rows(part[k])
+                    continue
+                if values[k] >= best_score.pipeline_s - best_score.pp_exposed_s:
+                    break
+                layout = StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in part[k]), mtp=tuple(int(x) for x in mtp))
+                score = score_layout(ctx, layout)
+                new |= add_rows(part[k])
+                if score.fits:
+                    best, best_score, new = layout, score, True
+                    break
+        return new
+
+    graph_ = schedule_graph(ctx)
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
     slack = 0.5 * 2 * ctx.microbatches * stages * (len(runs) + 1) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
+    z_domain = model.Proto().variables[z.Index()].domain
     while True:
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0 and best is not None:
             break
+        if refine and best is not None and chunk_spread is None:
+            # Free layouts, with an incumbent: ask only for layouts the model prices below it
+            # (z < incumbent - 2 slack). Every answer is then either truly better (the new
+            # incumbent) or priced too low, and its longest path is a new cut that removes it;
+            # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
+            # every answer CP-SAT found, not only its last, so one round brings many cuts.
+            best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+            z_domain[0], z_domain[1] = 0, max(int(math.floor((best_makespan - 2 * slack) * TIME_SCALE)), 0)
+            found = _Answers(t)
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if not stalled else remaining, 0.05)
+            solver.parameters.num_workers = int(workers)
+            solver.parameters.random_seed = 0
+            status = solver.Solve(model, found)
+            rounds += 1
+            if status == cp_model.INFEASIBLE:
+                bound, proven = max(bound, best_makespan - 2 * slack), True
+                break
+            # proven on the restricted model: no layout is priced below it, or the incumbent is within 2 slack
+            bound = max(bound, min(solver.BestObjectiveBound() / TIME_SCALE - slack, best_makespan - 2 * slack))
+            if not found.answers:
+                stalled = True
+                continue
+            if not _take_answers(found.answers):
+                for answer in found.answers:  # nothing new learnt (integer rounding): exclude them
+                    model.AddForbiddenAssignments(t, [answer])
+            continue
         solver = cp_model.CpSolver()
-        # without an incumbent the first round may take all the time; otherwise rounds are capped
-        # so that each answer's critical path and neighbourhood return to the model as cuts
-        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if best is not None and not stalled else remaining, 0.05)
-        if workers == 2:
-            # the bound is what certifies, and the incumbent comes from the local search: on the
-            # bench's cases these two full-problem workers prove 60.1 s where the default pair
-            # (default_lp with first-solution and LNS helpers) proves 56.8 s (DeepSeek-V3, 10 s)
-            solver.parameters.subsolvers.extend(["max_lp", "lb_tree_search"])
+        # without an incumbent the first round may take all the time; regular layouts keep a
+        # first round of all the time (their LNS workers find the incumbent), later ones are capped
+        capped = best is not None and rounds > 0
+        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = 0
         model.ClearHints()
@@ -579,11 +710,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 model.AddHint(var, value)
         status = solver.Solve(model)
         rounds += 1
-        if status == cp_model.UNKNOWN and best is not None:
-            # no answer this round, but its bound is proven; the unchanged model gets the rest of the time
-            bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)
-            stalled = True
-            continue
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if best is not None:
                 break
@@ -607,7 +733,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             proven = True
             break
         added = cut(*_path_of(ctx, score))
-        descend(layout, min(local_fraction * time_limit_s, time_limit_s - (time.perf_counter() - start)) / 2)
         if not added and status == cp_model.OPTIMAL:
             proven = True  # its own path was already a cut: CP-SAT's value is its makespan
             break
