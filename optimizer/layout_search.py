@@ -855,9 +855,11 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
 
 def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...]) -> tuple[LayoutSolution | None, LayoutSolution]:
     """Regular layouts first (chunks of a rank within one layer: a small model that CP-SAT
-    certifies or nearly so), then free layouts seeded with that answer, half the time each.
+    certifies or nearly so) with at most half the time, then free layouts seeded with that
+    answer, with the rest.
     Returns (the regular search's answer, None where no regular layout fits; the free
     search's), the free one never worse; its bound is the one that holds for every layout."""
+    start = time.perf_counter()
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
     first = None
     try:
@@ -865,7 +867,8 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     except LayoutError:
         pass  # no regular layout fits: the free search alone
     more = (first.layout,) if first is not None else ()
-    second = solve_layout(ctx, time_limit_s / 2 if first is not None else time_limit_s, workers, seeds=seeds + more)
+    # what the regular search left (it stops early once certified) goes to the free search
+    second = solve_layout(ctx, max(time_limit_s - (time.perf_counter() - start), 0.05), workers, seeds=seeds + more)
     return first, second
 
 
