@@ -346,7 +346,7 @@ class LinearLayouts:
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
                  lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
-                 max_layers: int | None = None, max_moves: int = 4096, neighbour_paths: int = 32) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
+                 max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
     """Descent over single-layer moves from `start`: moves of one layer from any stage to any
     other (at most `max_moves`, ordered by how much they shorten the current longest path),
     screened by the linear memory test, scored in batches on the schedule graph; the best
