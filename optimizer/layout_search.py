@@ -23,6 +23,7 @@ layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -335,6 +336,23 @@ class LinearLayouts:
             out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
         return out
 
+    def headroom(self, counts: np.ndarray) -> np.ndarray:
+        """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""
+        return np.stack([self.capacity - rows.max(axis=1) for rows in self.rank_rows(counts)], axis=1)
+
+    @functools.cached_property
+    def layer_bytes(self) -> np.ndarray:
+        """[stage] about what one more layer of the commonest kind costs its rank's peak: its
+        fixed bytes and its activations times the most micro-batches its chunk has in flight
+        (the local search's ordering of repair moves; the test itself is rank_rows')."""
+        j = int(np.argmax([end - begin for _, begin, end in self.runs]))
+        k = self.kind_of_run[j]
+        out = np.zeros(self.stages)
+        for s in range(self.stages):
+            base0, base, trans0, trans, head, mtp_act = self.memory[s % self.ctx.pp]
+            out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[s % self.ctx.pp][:, s // self.ctx.pp].max()
+        return out
+
     def excess(self, counts: np.ndarray) -> np.ndarray:
         """[K, rank] bytes of each rank's peak over the capacity (0 where it fits)."""
         return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts)], axis=1)
@@ -367,6 +385,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     f, b = lin.times(counts)
     value = float(graph.makespan(f, b)[0])
     over = lin.excess(counts)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
+    headroom = lin.headroom(counts)[0]
     paths = [graph.path(f[:, 0], b[:, 0])]
     main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
     while time.perf_counter() - t0 < time_limit_s:
@@ -378,8 +397,17 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
         a, c = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
         ok = (a != c) & (current[a] > 0)
         a, c = a[ok], c[ok]
-        rank_over = over[np.arange(stages) % ctx.pp]
-        order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c]), -(rank_over[a] - rank_over[c])))[:max_moves]
+        if over.sum() > 0:
+            # repairing: the moves that take most bytes off the ranks over their capacity for
+            # the fewest they add where there is no room (a layer weighs more on a chunk with
+            # more micro-batches in flight: the first chunks of the first ranks)
+            rank_of = np.arange(stages) % ctx.pp
+            room = np.maximum(-headroom, 0.0)[rank_of]  # [stage] bytes over
+            free = np.maximum(headroom, 0.0)[rank_of]
+            saved = np.minimum(lin.layer_bytes[a], room[a]) - np.maximum(lin.layer_bytes[c] - free[c], 0.0)
+            order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c]), -saved))[:max_moves]
+        else:
+            order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c])))[:max_moves]
         moves = list(zip(a[order].tolist(), c[order].tolist()))
         improved = False
         neighbours = []
@@ -412,6 +440,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                 better = values[k] < value * (1 - 1e-12)
             if better:
                 current, value, over, improved = cand[k], float(values[k]), cand_over[k], True
+                headroom = lin.headroom(lin.run_counts(current[None]))[0]
                 paths.append(graph.path(f[:, k], b[:, k]))
                 break
             if time.perf_counter() - t0 >= time_limit_s:
