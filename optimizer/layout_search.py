@@ -202,7 +202,6 @@ class ScheduleGraph:
 _GRAPHS: dict = {}
 
 
-
 def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
     """The skeleton's ScheduleGraph, built once per op-list shape (a few hundred ms at m = 480)."""
     key = (ctx.pp, ctx.vp, tuple((op.kind, op.stage, op.microbatch) for rank_ops in ctx.ops for op in rank_ops))
@@ -574,11 +573,13 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
 
+    nearest = None
+
     def descend(layout, budget_s):
         """Local search from a layout (repaired first where it does not fit): a better
         incumbent, and the longest paths of the layouts around the local optimum as cuts (the
         ones CP-SAT's bound needs there)."""
-        nonlocal best, best_score
+        nonlocal best, best_score, nearest
         if not local or budget_s <= 0:
             return
         decoders, _, paths = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
@@ -588,6 +589,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         found = StageLayout(pp=pp, vp=vp, decoders=decoders, mtp=tuple(int(x) for x in mtp))
         score = score_layout(ctx, found)
         add_rows(found.decoders)
+        nearest = found  # a repair that fell short still makes CP-SAT's best hint
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = found, score
 
@@ -732,18 +734,24 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                     model.AddForbiddenAssignments(t, [answer])
             continue
         solver = cp_model.CpSolver()
-        # without an incumbent the first round may take all the time; regular layouts keep a
-        # first round of all the time (their LNS workers find the incumbent), later ones are capped
-        capped = best is not None and rounds > 0
+        # regular layouts keep a first round of all the time (their LNS workers find the
+        # incumbent), later ones are capped; free layouts without an incumbent are capped too, so
+        # that the first layout that fits switches to the rounds above (a round that finds
+        # nothing gets the rest of the time)
+        capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
         solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = 0
         model.ClearHints()
-        if best is not None:
-            for var, value in zip(t, best.decoders):
+        hint = best if best is not None else nearest
+        if hint is not None:
+            for var, value in zip(t, hint.decoders):
                 model.AddHint(var, value)
         status = solver.Solve(model)
         rounds += 1
+        if status == cp_model.UNKNOWN and best is None and chunk_spread is None and time_limit_s - (time.perf_counter() - start) > 0.1:
+            stalled = True
+            continue
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if best is not None:
                 break
