@@ -23,13 +23,13 @@ layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import math
 import time
 
 import numpy as np
 from ortools.sat.python import cp_model
-
-from costmodel.schedule_sim import simulate
 
 from costmodel.stage_layout import (
     LayoutContext,
@@ -99,6 +99,135 @@ def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, pr
     return n_f, n_b
 
 
+class ScheduleGraph:
+    """The dependency graph of a schedule's op lists (schedule_sim's rules: an op waits for its
+    rank's previous op, a forward for the previous stage's forward of its micro-batch, a
+    backward for its own forward and the next stage's backward) at zero hop time, levelled once
+    (an op's level is one more than its deepest input's), so that the makespan of any per-stage
+    times -- schedule_sim.simulate's at hop 0, the layout search's objective -- is a few numpy
+    operations per level, for many layouts at once. ~20x faster than replaying the op lists,
+    which makes the search's cut generation and its local search affordable at m = 480."""
+
+    def __init__(self, ops, stages: int):
+        flat = [(i, op) for rank_ops in ops for i, op in enumerate(rank_ops)]
+        n = len(flat)
+        index = {(op.kind, op.stage, op.microbatch): k for k, (_, op) in enumerate(flat)}
+        preds = np.full((n, 3), n, dtype=np.int64)  # n: a sentinel input that ends at 0
+        for k, (i, op) in enumerate(flat):
+            row = [k - 1] if i > 0 else []
+            if op.kind == "F" and op.stage > 0:
+                row.append(index["F", op.stage - 1, op.microbatch])
+            if op.kind == "B":
+                row.append(index["F", op.stage, op.microbatch])
+                if op.stage < stages - 1:
+                    row.append(index["B", op.stage + 1, op.microbatch])
+            preds[k, :len(row)] = row
+        waiting = (preds < n).sum(axis=1)
+        successors = [[] for _ in range(n)]
+        for k in range(n):
+            for p in preds[k][preds[k] < n]:
+                successors[p].append(k)
+        level = np.zeros(n, dtype=np.int64)
+        frontier, done = [k for k in range(n) if waiting[k] == 0], 0
+        while frontier:
+            following = []
+            for k in frontier:
+                done += 1
+                for q in successors[k]:
+                    waiting[q] -= 1
+                    level[q] = max(level[q], level[k] + 1)
+                    if waiting[q] == 0:
+                        following.append(q)
+            frontier = following
+        if done != n:
+            raise ValueError("the schedule deadlocks: its dependency graph has a cycle")
+        order = np.argsort(level, kind="stable")
+        edges = np.searchsorted(level[order], np.arange(level.max() + 2))
+        self.levels = [order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
+        self.preds = preds
+        self.is_forward = np.array([op.kind == "F" for _, op in flat])
+        self.stage = np.array([op.stage for _, op in flat])
+        self.ops = n
+        self.stages = stages
+
+    def ends(self, forward_s: np.ndarray, backward_s: np.ndarray) -> np.ndarray:
+        """End time of every op (and a last entry 0 for the sentinel): [op + 1] for per-stage
+        seconds [stage] in model order, [op + 1, K] for K layouts' [stage, K]."""
+        forward_s, backward_s = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
+        is_f = self.is_forward if forward_s.ndim == 1 else self.is_forward[:, None]
+        duration = np.where(is_f, forward_s[self.stage], backward_s[self.stage])
+        end = np.zeros((self.ops + 1,) + duration.shape[1:])
+        for idx in self.levels:
+            end[idx] = end[self.preds[idx]].max(axis=1) + duration[idx]
+        return end
+
+    def makespan(self, forward_s: np.ndarray, backward_s: np.ndarray):
+        """The longest path: a float for one layout, [K] for K."""
+        return self.ends(forward_s, backward_s)[:-1].max(axis=0)
+
+    def paths(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`path` of K layouts at once ([stage, K] seconds): [K, stage] forward and backward
+        op counts, all K backtracked in step."""
+        end = self.ends(forward_s, backward_s)
+        width = end.shape[1]
+        k = end[:-1].argmax(axis=0)
+        n_f, n_b = np.zeros((width, self.stages)), np.zeros((width, self.stages))
+        cols = np.arange(width)
+        while True:
+            live = k < self.ops
+            if not live.any():
+                break
+            kk, cc = k[live], cols[live]
+            fwd = self.is_forward[kk]
+            np.add.at(n_f, (cc[fwd], self.stage[kk[fwd]]), 1)
+            np.add.at(n_b, (cc[~fwd], self.stage[kk[~fwd]]), 1)
+            p = self.preds[kk]  # [live, 3]
+            k[live] = p[np.arange(len(kk)), end[p, cc[:, None]].argmax(axis=1)]
+        return n_f, n_b
+
+    def path(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(forward ops, backward ops) per stage on a longest path (backtracked from the op that
+        ends last through an input that ends latest): as a linear form in the stage times it
+        equals this layout's makespan and bounds every other layout's from below."""
+        end = self.ends(forward_s, backward_s)
+        k = int(end[:-1].argmax())
+        n_f, n_b = np.zeros(self.stages), np.zeros(self.stages)
+        while k < self.ops:
+            (n_f if self.is_forward[k] else n_b)[self.stage[k]] += 1
+            p = self.preds[k]
+            k = int(p[end[p].argmax()])
+        return n_f, n_b
+
+
+_GRAPHS: dict = {}
+
+
+def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
+    """The skeleton's ScheduleGraph, built once per op-list shape (a few hundred ms at m = 480)."""
+    key = (ctx.pp, ctx.vp, tuple((op.kind, op.stage, op.microbatch) for rank_ops in ctx.ops for op in rank_ops))
+    if key not in _GRAPHS:
+        if len(_GRAPHS) > 8:
+            _GRAPHS.clear()
+        _GRAPHS[key] = ScheduleGraph(ctx.ops, ctx.pp * ctx.vp)
+    return _GRAPHS[key]
+
+
+class _Answers(cp_model.CpSolverSolutionCallback):
+    """Every distinct layout CP-SAT reports during one solve (the decoder counts)."""
+
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+        self.answers = []
+        self.seen = set()
+
+    def on_solution_callback(self):
+        answer = tuple(int(self.Value(v)) for v in self.t)
+        if answer not in self.seen:
+            self.seen.add(answer)
+            self.answers.append(answer)
+
+
 def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
     """(kind, first layer, end) of each maximal run of equal kinds in model order."""
     runs = []
@@ -135,27 +264,232 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
     return base0, base, trans0, trans, head
 
 
+def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, float]:
+    """rank_memory_model's (base_0, base per kind, transient_0, transient per kind, head bytes)
+    with the MTP modules of the last rank folded into the constants, and the MTP modules'
+    activation bytes (held with the last local chunk): the rank fits when
+        base_0 + base . counts + (1+frag) * max(transient_0 + transient . counts,
+                                               max_h sum_c h_c act . chunk_c + head + h_last * mtp_act) <= capacity
+    over its in-flight vectors h (ctx.held). The CP-SAT model and the local search read it."""
+    base0, base, trans0, trans, head = rank_memory_model(ctx, rank)
+    mtp_act = 0.0
+    if rank == (ctx.pp * ctx.vp - 1) % ctx.pp and ctx.mtp_kind is not None:
+        mtp_layers = ctx.problem.model.mtp_layers
+        base0 += mtp_layers * base[ctx.mtp_kind]
+        trans0 += mtp_layers * trans[ctx.mtp_kind]
+        mtp_act = mtp_layers * unit_costs(ctx)["kind_activation"][ctx.mtp_kind]
+    return base0, base, trans0, trans, head, mtp_act
+
+
+class LinearLayouts:
+    """A skeleton's layouts in the linear form the search works with, vectorized over many
+    layouts: layers of each kind-run per stage (clipped prefix sums), per-stage forward and
+    backward seconds (chunk_times' composition) and the rank memory test of rank_memory_terms.
+    The local search screens neighbours with it; the exact model (score_layout) has the last
+    word on what fits."""
+
+    def __init__(self, ctx: LayoutContext):
+        self.ctx = ctx
+        u = unit_costs(ctx)
+        self.stages = ctx.pp * ctx.vp
+        self.runs = kind_runs(ctx.kind_of_layer)
+        self.kind_of_run = np.array([k for k, _, _ in self.runs])
+        mtp = np.zeros(self.stages)
+        mtp[-1] = ctx.problem.model.mtp_layers
+        edge = np.zeros((self.stages, len(ctx.kinds)))
+        if ctx.mtp_kind is not None:
+            edge[-1, ctx.mtp_kind] = mtp[-1]
+        first = np.arange(self.stages) == 0
+        last = np.arange(self.stages) == self.stages - 1
+        self.const_forward_s, self.const_backward_s = chunk_times(u, edge, mtp, first, last)
+        self.forward_s = u["kind_forward"][self.kind_of_run]
+        self.backward_s = (u["kind_total"] - u["kind_forward"])[self.kind_of_run]
+        self.act = u["kind_activation"][self.kind_of_run]
+        self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
+        self.frag = ctx.mc.fragmentation
+        self.capacity = ctx.problem.hardware.memory_bytes
+
+    def run_counts(self, decoders: np.ndarray) -> np.ndarray:
+        """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
+        prefix = np.cumsum(decoders, axis=1)
+        before = prefix - decoders
+        low = np.array([a for _, a, _ in self.runs])
+        high = np.array([b for _, _, b in self.runs])
+        return np.clip(prefix[..., None], low, high) - np.clip(before[..., None], low, high)
+
+    def times(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]."""
+        return (counts @ self.forward_s + self.const_forward_s).T, (counts @ self.backward_s + self.const_backward_s).T
+
+    def rank_rows(self, counts: np.ndarray) -> list[np.ndarray]:
+        """Per rank, [K, 1 + vectors] the peak bytes of each memory row (rank_memory_terms):
+        the optimizer transient's, then each in-flight vector's; the rank's peak is their max."""
+        out = []
+        pp = self.ctx.pp
+        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
+            mine = counts[:, r::pp, :]  # [K, chunk, run]
+            fixed = base0 + mine.sum(axis=1) @ base[self.kind_of_run]
+            transient = trans0 + mine.sum(axis=1) @ trans[self.kind_of_run]
+            held = self.ctx.held[r]  # [vectors, chunk]
+            activations = (mine @ self.act) @ held.T + held[:, -1][None, :] * mtp_act + head
+            out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
+        return out
+
+    def headroom(self, counts: np.ndarray) -> np.ndarray:
+        """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""
+        return np.stack([self.capacity - rows.max(axis=1) for rows in self.rank_rows(counts)], axis=1)
+
+    @functools.cached_property
+    def layer_bytes(self) -> np.ndarray:
+        """[stage] about what one more layer of the commonest kind costs its rank's peak: its
+        fixed bytes and its activations times the most micro-batches its chunk has in flight
+        (the local search's ordering of repair moves; the test itself is rank_rows')."""
+        j = int(np.argmax([end - begin for _, begin, end in self.runs]))
+        k = self.kind_of_run[j]
+        out = np.zeros(self.stages)
+        for s in range(self.stages):
+            base0, base, trans0, trans, head, mtp_act = self.memory[s % self.ctx.pp]
+            out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[s % self.ctx.pp][:, s // self.ctx.pp].max()
+        return out
+
+    def excess(self, counts: np.ndarray) -> np.ndarray:
+        """[K, rank] bytes of each rank's peak over the capacity (0 where it fits)."""
+        return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts)], axis=1)
+
+    def fits(self, counts: np.ndarray) -> np.ndarray:
+        """[K] whether every rank's linear memory test passes."""
+        return (self.excess(counts) <= 0).all(axis=1)
+
+
+def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
+                 lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
+                 max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
+    """Descent over single-layer moves from `start`: moves of one layer from any stage to any
+    other (at most `max_moves`, ordered by how much they shorten the current longest path),
+    screened by the linear memory test, scored in batches on the schedule graph; the best
+    improving move of the first batch that has one is taken. A start that does not fit is
+    first repaired (least memory over the capacity, summed over ranks). Returns the best
+    layout's decoder counts, its makespan, and the longest
+    paths of the layouts it moved through and of the best neighbours of the last one (cuts
+    that are tight near the local optimum). Moves keep `min_layers` <= a stage <= `max_layers`
+    and, with `spread`, a rank's chunks within that many layers (solve_layout's constraints).
+    Deterministic (fixed seed)."""
+    t0 = time.perf_counter()
+    lin = lin or LinearLayouts(ctx)
+    graph = schedule_graph(ctx)
+    stages = lin.stages
+    rng = np.random.default_rng(0)
+    current = np.array(start, dtype=np.int64)
+    counts = lin.run_counts(current[None])
+    f, b = lin.times(counts)
+    value = float(graph.makespan(f, b)[0])
+    over = lin.excess(counts)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
+    headroom = lin.headroom(counts)[0]
+    paths = [graph.path(f[:, 0], b[:, 0])]
+    main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
+    while time.perf_counter() - t0 < time_limit_s:
+        # every move of one layer from stage a to stage c, the most promising first: off a rank
+        # over its memory, then those that shorten the current longest path most (its ops on a
+        # minus its ops on c), ties at random
+        n_f, n_b = paths[-1]
+        weight = n_f * lin.forward_s[main_run] + n_b * lin.backward_s[main_run]
+        a, c = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
+        ok = (a != c) & (current[a] > 0)
+        a, c = a[ok], c[ok]
+        if over.sum() > 0:
+            # repairing: the moves that take most bytes off the ranks over their capacity for
+            # the fewest they add where there is no room (a layer weighs more on a chunk with
+            # more micro-batches in flight: the first chunks of the first ranks)
+            rank_of = np.arange(stages) % ctx.pp
+            room = np.maximum(-headroom, 0.0)[rank_of]  # [stage] bytes over
+            free = np.maximum(headroom, 0.0)[rank_of]
+            saved = np.minimum(lin.layer_bytes[a], room[a]) - np.maximum(lin.layer_bytes[c] - free[c], 0.0)
+            order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c]), -saved))[:max_moves]
+        else:
+            order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c])))[:max_moves]
+        moves = list(zip(a[order].tolist(), c[order].tolist()))
+        improved = False
+        neighbours = []
+        for i in range(0, len(moves), batch):
+            chunk = moves[i:i + batch]
+            cand = np.repeat(current[None], len(chunk), axis=0)
+            for row, (a, c) in enumerate(chunk):
+                cand[row, a] -= 1
+                cand[row, c] += 1
+            keep = (cand.min(axis=1) >= min_layers) & (cand.max(axis=1) <= (max_layers if max_layers is not None else np.inf))
+            if spread is not None:
+                per_rank = cand.reshape(len(cand), ctx.vp, ctx.pp)
+                keep &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
+            if not keep.any():
+                continue
+            cand = cand[keep]
+            counts = lin.run_counts(cand)
+            cand_over = lin.excess(counts)
+            f, b = lin.times(counts)
+            values = graph.makespan(f, b)
+            if over.sum() > 0:  # repairing: least total excess, then the shortest
+                k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
+                better = cand_over[k].sum() < over.sum()
+            else:
+                fit = np.flatnonzero(cand_over.sum(axis=1) <= 0)
+                if not len(fit):
+                    continue
+                neighbours.extend((values[k], tuple(cand[k])) for k in fit)
+                k = int(fit[np.argmin(values[fit])])
+                better = values[k] < value * (1 - 1e-12)
+            if better:
+                current, value, over, improved = cand[k], float(values[k]), cand_over[k], True
+                headroom = lin.headroom(lin.run_counts(current[None]))[0]
+                paths.append(graph.path(f[:, k], b[:, k]))
+                break
+            if time.perf_counter() - t0 >= time_limit_s:
+                break
+        if not improved:
+            neighbours.sort()
+            near = np.array([decoders for _, decoders in neighbours[:neighbour_paths]], dtype=np.int64).reshape(-1, stages)
+            for i in range(0, len(near), batch):
+                f, b = lin.times(lin.run_counts(near[i:i + batch]))
+                paths.extend(zip(*graph.paths(f, b)))
+            break
+    return tuple(int(x) for x in current), value, paths
+
+
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
-                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 2.0, graph: bool = False,
-                 max_layers: int | None = None, chunk_spread: int | None = None) -> LayoutSolution:
+                 seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
+                 max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
+                 local_fraction: float = 0.15, neighbour_paths: int | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
     The objective is the simulated makespan, a max over the schedule graph's paths of linear
-    forms in the layer counts. CP-SAT starts from the critical-path bound's paths (one per rank)
-    and those of the `seeds`' simulations; each round it solves, the exact model simulates the
-    answer, and the answer's critical path is added as a cut, until the best simulated layout
-    meets CP-SAT's bound (certified optimal) or time runs out (its gap is reported).
+    forms in the layer counts (any path bounds every layout from below). The model starts from
+    the segment paths of every rank (segment_paths), each rank's busy time over its integer
+    kind totals, and the longest paths of the `seeds` and of a local search from the best seed
+    that fits (local_search: the incumbent, and the paths of its best `neighbour_paths`
+    neighbours, which are tight around it; default min(1000, 32768 / stages), about 32k cut
+    terms: on DeepSeek-V3 32 -> 1000 takes its free-layout certification from ~20 s to ~8 s,
+    where Llama 3 405B's 128 stages make each path four times the terms); memory rows come in
+    as answers break them.
+    Free layouts with an incumbent: each round asks CP-SAT for layouts the model prices below
+    the incumbent; every answer's longest path becomes a cut (or the answer the new incumbent),
+    and INFEASIBLE certifies the incumbent. Otherwise (regular layouts, no incumbent yet,
+    refine=False) each round minimises the model, simulates the answer and adds its path,
+    until the best simulated layout meets CP-SAT's bound. Either way the bound is proven when
+    time runs out and the gap is reported.
     refine=False stops after the first round: the critical-path bound's optimum (the DP oracle's
     objective). chunk_spread: search only regular layouts, whose chunks on one rank differ by at
     most this many layers (the answer and its bound then hold among those; the cuts start from
-    the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve after the first (its bound is proven
-    either way). graph=True replaces the cuts by the whole event graph of the schedule (an
+    the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve
+    once there is an incumbent (a round that finds nothing gets the rest of the time; its bound
+    is proven either way). local=False skips the local search (local_fraction of the time
+    limit). graph=True replaces the cuts by the whole event graph of the schedule (an
     end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
     instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s)."""
     start = time.perf_counter()
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
+    if neighbour_paths is None:
+        neighbour_paths = min(1000, 32768 // stages)
     n_layers = len(ctx.kind_of_layer)
     mtp_layers = ctx.problem.model.mtp_layers
     u = unit_costs(ctx)
@@ -205,6 +539,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     per_op = (max(u["kind_total"].max(), 0.0) * n_layers + float(const_f.max() + const_b.max())) * TIME_SCALE
     horizon = int(2 * ctx.microbatches * stages * per_op) + 1
     z = model.NewIntVar(0, horizon, "makespan")
+    lin = LinearLayouts(ctx)
     cuts = set()
 
     def cut(n_f, n_b):
@@ -218,38 +553,98 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
         if chunk_spread is None or (n_f == n_b).all():
             cut(n_f, n_b)
+    # Each rank's layers of each kind as integer variables, and the rank's busy time over them:
+    # implied by the segment paths, but in this form CP-SAT branches and propagates on the
+    # integer rank totals (with it the bound reaches DeepSeek-V3's rank bound, 4 MoE layers x
+    # 480 micro-batches = 57.6 s, within the first round)
+    kinds_used = sorted(set(kind_of_run))
+    for r in range(pp):
+        mine = range(r, stages, pp)
+        total = {k: model.NewIntVar(0, n_layers, f"L{r}_{k}") for k in kinds_used}
+        for k in kinds_used:
+            model.Add(total[k] == sum(run_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
+        per_layer = {k: fwd[kind_of_run.index(k)] + bwd[kind_of_run.index(k)] for k in kinds_used}
+        const = sum(int(round(const_f[s] * TIME_SCALE)) + int(round(const_b[s] * TIME_SCALE)) for s in mine)
+        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const))
     best, best_score = None, None
     for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
         score = score_layout(ctx, layout)
-        for prefer_rank in (False, True):
-            cut(*_path_of(ctx, score, prefer_rank))
+        cut(*_path_of(ctx, score))
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
 
+    nearest = None
+
+    def descend(layout, budget_s):
+        """Local search from a layout (repaired first where it does not fit): a better
+        incumbent, and the longest paths of the layouts around the local optimum as cuts (the
+        ones CP-SAT's bound needs there)."""
+        nonlocal best, best_score, nearest
+        if not local or budget_s <= 0:
+            return
+        decoders, _, paths = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
+                                          max_layers=max_layers, neighbour_paths=neighbour_paths)
+        for n_f, n_b in paths:
+            cut(n_f, n_b)
+        found = StageLayout(pp=pp, vp=vp, decoders=decoders, mtp=tuple(int(x) for x in mtp))
+        score = score_layout(ctx, found)
+        add_rows(found.decoders)
+        nearest = found  # a repair that fell short still makes CP-SAT's best hint
+        if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
+            best, best_score = found, score
+
+    # Memory: per rank one row for the optimizer transient and one per in-flight vector h, in
+    # integer KiB. A rank of interleaved 1F1B has up to ~100 vectors, and all of them make a
+    # model whose presolve alone takes seconds; so each rank starts with its transient row and
+    # the vectors that bind for the seeds, and an answer that breaks a row brings that row in
+    # (fewer rows only relax the model: its bound stays valid).
     frag = ctx.mc.fragmentation
-    cap = ctx.problem.hardware.memory_bytes
+    budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
     act = u["kind_activation"]
-    for r in range(pp):
-        base0, base, trans0, trans, head = rank_memory_model(ctx, r)
+    scaled_frag = int(round((1 + frag) * 1000))
+    memory_rows = {}  # (rank, vector index or -1 for the transient) -> (left side, float test on run counts)
+    for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
         mine = list(range(r, stages, pp))
         kind_count = {k: [] for k in range(len(ctx.kinds))}
         for s in mine:
             for j, k in enumerate(kind_of_run):
                 kind_count[k].append(run_counts[s][j])
-        if r == (stages - 1) % pp and ctx.mtp_kind is not None:
-            base0 += mtp_layers * base[ctx.mtp_kind]
-            trans0 += mtp_layers * trans[ctx.mtp_kind]
         base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
         trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
-        budget = int(cap // BYTE_SCALE)
-        model.Add(base_expr * 1000 + int(round((1 + frag) * 1000)) * trans_expr <= budget * 1000)
-        # the MTP modules' layers sit in the last stage: local chunk vp-1 of the last rank
-        mtp_act = mtp_layers * act[ctx.mtp_kind] if (r == (stages - 1) % pp and ctx.mtp_kind is not None) else 0.0
-        for h in ctx.held[r]:
+        memory_rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
+        for i, h in enumerate(ctx.held[r]):
             act_expr = sum(int(h[c]) * sum(int(round(act[k] / BYTE_SCALE)) * run_counts[s][j] for j, k in enumerate(kind_of_run))
                            for c, s in enumerate(mine) if h[c])
             const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
-            model.Add(base_expr * 1000 + int(round((1 + frag) * 1000)) * (act_expr + const) <= budget * 1000)
+            memory_rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
+    added_rows = set()
+
+    def add_rows(decoders) -> bool:
+        """Add the memory rows this layout breaks, and per rank the row nearest to binding;
+        whether any row was new."""
+        counts = lin.run_counts(np.array(decoders)[None])
+        new = False
+        for r, values in enumerate(lin.rank_rows(counts)):
+            values = values[0]  # [1 + vectors] bytes: transient first
+            order = [int(np.argmax(values))] + [i for i in np.flatnonzero(values > ctx.problem.hardware.memory_bytes)]
+            for i in order:
+                key = (r, i - 1)
+                if key not in added_rows:
+                    added_rows.add(key)
+                    model.Add(memory_rows[key] <= budget * 1000)
+                    new = True
+        return new
+
+    for r in range(pp):
+        added_rows.add((r, -1))
+        model.Add(memory_rows[r, -1] <= budget * 1000)
+    for layout in seeds:
+        add_rows(layout.decoders)
+    if best is not None:
+        descend(best, local_fraction * time_limit_s)
+    elif seeds:  # no seed fits: repair the one least over the capacity
+        over = [lin.excess(lin.run_counts(np.array(seed.decoders)[None])).sum() for seed in seeds]
+        descend(seeds[int(np.argmin(over))], local_fraction * time_limit_s)
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
         for rank_ops in ctx.ops:
@@ -273,24 +668,90 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             model.Add(z >= previous)
     model.Minimize(z)
 
+    def _take_answers(answers) -> bool:
+        """Score CP-SAT's answers on the schedule graph in one batch: each one's longest path
+        becomes a cut, the memory rows it breaks come in, the best that fits (the exact model
+        confirming) becomes the incumbent; whether anything was new."""
+        nonlocal best, best_score
+        decoders = np.array(answers, dtype=np.int64)
+        new = False
+        for i in range(0, len(decoders), 64):
+            part = decoders[i:i + 64]
+            counts = lin.run_counts(part)
+            f, b = lin.times(counts)
+            values = graph_.makespan(f, b)
+            for n_f, n_b in zip(*graph_.paths(f, b)):
+                new |= cut(n_f, n_b)
+            fits = lin.fits(counts)
+            for k in np.argsort(values):
+                if not fits[k]:
+                    new |= add_rows(part[k])
+                    continue
+                if values[k] >= best_score.pipeline_s - best_score.pp_exposed_s:
+                    break
+                layout = StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in part[k]), mtp=tuple(int(x) for x in mtp))
+                score = score_layout(ctx, layout)
+                new |= add_rows(part[k])
+                if score.fits:
+                    best, best_score, new = layout, score, True
+                    break
+        return new
+
+    graph_ = schedule_graph(ctx)
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
     slack = 0.5 * 2 * ctx.microbatches * stages * (len(runs) + 1) / TIME_SCALE
-    bound, rounds, proven = 0.0, 0, False
+    bound, rounds, proven, stalled = 0.0, 0, False, False
+    z_domain = model.Proto().variables[z.Index()].domain
     while True:
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0 and best is not None:
             break
+        if refine and best is not None and chunk_spread is None:
+            # Free layouts, with an incumbent: ask only for layouts the model prices below it
+            # (z < incumbent - 2 slack). Every answer is then either truly better (the new
+            # incumbent) or priced too low, and its longest path is a new cut that removes it;
+            # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
+            # every answer CP-SAT found, not only its last, so one round brings many cuts.
+            best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+            z_domain[0], z_domain[1] = 0, max(int(math.floor((best_makespan - 2 * slack) * TIME_SCALE)), 0)
+            found = _Answers(t)
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if not stalled else remaining, 0.05)
+            solver.parameters.num_workers = int(workers)
+            solver.parameters.random_seed = 0
+            status = solver.Solve(model, found)
+            rounds += 1
+            if status == cp_model.INFEASIBLE:
+                bound, proven = max(bound, best_makespan - 2 * slack), True
+                break
+            # proven on the restricted model: no layout is priced below it, or the incumbent is within 2 slack
+            bound = max(bound, min(solver.BestObjectiveBound() / TIME_SCALE - slack, best_makespan - 2 * slack))
+            if not found.answers:
+                stalled = True
+                continue
+            if not _take_answers(found.answers):
+                for answer in found.answers:  # nothing new learnt (integer rounding): exclude them
+                    model.AddForbiddenAssignments(t, [answer])
+            continue
         solver = cp_model.CpSolver()
-        # the first round may take all the time (the incumbent is only a seed); later rounds are capped
-        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if rounds else remaining, 0.05)
+        # regular layouts keep a first round of all the time (their LNS workers find the
+        # incumbent), later ones are capped; free layouts without an incumbent are capped too, so
+        # that the first layout that fits switches to the rounds above (a round that finds
+        # nothing gets the rest of the time)
+        capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
+        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = 0
         model.ClearHints()
-        if best is not None:
-            for var, value in zip(t, best.decoders):
+        hint = best if best is not None else nearest
+        if hint is not None:
+            for var, value in zip(t, hint.decoders):
                 model.AddHint(var, value)
         status = solver.Solve(model)
         rounds += 1
+        if status == cp_model.UNKNOWN and best is None and chunk_spread is None and time_limit_s - (time.perf_counter() - start) > 0.1:
+            stalled = True
+            continue
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if best is not None:
                 break
@@ -301,9 +762,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         makespan = score.pipeline_s - score.pp_exposed_s
         if score.fits and (best_score is None or makespan < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
-        if not score.fits:  # rounding put it over the capacity: exclude this layout
-            model.AddForbiddenAssignments(t, [layout.decoders])
+        if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
+            if not add_rows(layout.decoders):
+                model.AddForbiddenAssignments(t, [layout.decoders])
             continue
+        add_rows(layout.decoders)
         if not refine:
             proven = status == cp_model.OPTIMAL
             break
@@ -311,8 +774,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
             proven = True
             break
-        added = [cut(*_path_of(ctx, score, prefer_rank)) for prefer_rank in (False, True)]
-        if not any(added) and status == cp_model.OPTIMAL:
+        added = cut(*_path_of(ctx, score))
+        if not added and status == cp_model.OPTIMAL:
             proven = True  # its own path was already a cut: CP-SAT's value is its makespan
             break
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
@@ -347,9 +810,10 @@ def segment_paths(ops, stages: int, microbatches: int):
                 yield n_f, n_b
 
 
-def _path_of(ctx: LayoutContext, score, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    f, b = score.chunk_seconds(ctx.pp, ctx.vp)
-    return critical_path(ctx.ops, simulate(ctx.ops, f, b, 0.0), f, b, prefer_rank)
+def _path_of(ctx: LayoutContext, score) -> tuple[np.ndarray, np.ndarray]:
+    """A longest path of the scored layout's schedule (ScheduleGraph.path; critical_path on the
+    simulation finds one of the same length)."""
+    return schedule_graph(ctx).path(score.forward_s, score.backward_s)
 
 
 def dp_layout(ctx: LayoutContext) -> tuple[StageLayout | None, float]:
@@ -433,9 +897,11 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
 
 def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...]) -> tuple[LayoutSolution | None, LayoutSolution]:
     """Regular layouts first (chunks of a rank within one layer: a small model that CP-SAT
-    certifies or nearly so), then free layouts seeded with that answer, half the time each.
+    certifies or nearly so) with at most half the time, then free layouts seeded with that
+    answer, with the rest.
     Returns (the regular search's answer, None where no regular layout fits; the free
     search's), the free one never worse; its bound is the one that holds for every layout."""
+    start = time.perf_counter()
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
     first = None
     try:
@@ -443,7 +909,8 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     except LayoutError:
         pass  # no regular layout fits: the free search alone
     more = (first.layout,) if first is not None else ()
-    second = solve_layout(ctx, time_limit_s / 2 if first is not None else time_limit_s, workers, seeds=seeds + more)
+    # what the regular search left (it stops early once certified) goes to the free search
+    second = solve_layout(ctx, max(time_limit_s - (time.perf_counter() - start), 0.05), workers, seeds=seeds + more)
     return first, second
 
 

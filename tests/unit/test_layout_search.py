@@ -131,3 +131,96 @@ def test_regular_layouts(tmp_path, memory_mib):
     assert solution.makespan_s == pytest.approx(best, rel=1e-6)
     first, second = two_phase(ctx, 20, 2, ())
     assert second.makespan_s <= first.makespan_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("schedule,pp,vp,m", [("1f1b", 4, 1, 6), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 2, 3, 4)])
+def test_schedule_graph_is_the_simulation(schedule, pp, vp, m):
+    """ScheduleGraph's makespan is schedule_sim.simulate's at hop 0, one layout or a batch, for
+    random chunk times with empty chunks; its longest path, as a linear form, equals the
+    makespan and bounds every other time vector's makespan from below, as does each rank's
+    busy time (the rank-total cut)."""
+    import numpy as np
+
+    from costmodel.schedule_sim import schedule_ops, simulate
+    from optimizer.layout_search import ScheduleGraph
+
+    ops = schedule_ops(schedule, pp, vp, m)
+    graph = ScheduleGraph(ops, pp * vp)
+    rng = np.random.default_rng(11)
+    flat = lambda x: x.T.ravel()  # [pp, vp] -> stages in model order
+    times = []
+    for _ in range(12):
+        f = rng.uniform(0.0, 1.0, (pp, vp)) * (rng.uniform(size=(pp, vp)) > 0.3)
+        b = f * rng.uniform(1.0, 3.0, (pp, vp))
+        times.append((f, b))
+        reference = simulate(ops, f, b, 0.0).makespan_s
+        assert graph.makespan(flat(f), flat(b)) == pytest.approx(reference, rel=1e-12, abs=1e-15)
+        assert m * (f + b).sum(axis=1).max() <= reference * (1 + 1e-12) + 1e-15
+    batch = graph.makespan(np.stack([flat(f) for f, _ in times], axis=1), np.stack([flat(b) for _, b in times], axis=1))
+    assert batch == pytest.approx([simulate(ops, f, b, 0.0).makespan_s for f, b in times], rel=1e-12, abs=1e-15)
+    for (f, b), (g, c) in zip(times, times[1:]):
+        n_f, n_b = graph.path(flat(f), flat(b))
+        assert n_f @ flat(f) + n_b @ flat(b) == pytest.approx(graph.makespan(flat(f), flat(b)), rel=1e-12, abs=1e-15)
+        assert n_f @ flat(g) + n_b @ flat(c) <= graph.makespan(flat(g), flat(c)) * (1 + 1e-12) + 1e-15
+
+
+@pytest.mark.parametrize("pp,vp", [(4, 1), (2, 2)])
+def test_linear_layouts_match_the_exact_model(tmp_path, pp, vp):
+    """LinearLayouts (what the local search and the lazily added memory rows read) gives every
+    layout the exact model's stage times, and says it fits exactly when score_layout does, at
+    capacities from roomy to tight."""
+    import numpy as np
+
+    from optimizer.layout_search import LinearLayouts
+
+    for memory_mib in (81559, 39000, 38000):
+        ctx = context(tmp_path, pp, vp, memory_mib)
+        lin = LinearLayouts(ctx)
+        layouts = list(enumerate_layouts(ctx))
+        decoders = np.array([layout.decoders for layout, _ in layouts])
+        counts = lin.run_counts(decoders)
+        forward, backward = lin.times(counts)
+        fits = lin.fits(counts)
+        for k, (_, score) in enumerate(layouts):
+            assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
+            assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
+            assert fits[k] == score.fits
+
+
+@pytest.mark.parametrize("pp,vp,memory_mib", [(4, 1, 81559), (2, 2, 39000), (2, 2, 81559)])
+@pytest.mark.parametrize("time_limit_s", [0.05, 1.0])
+def test_proven_bound_holds_for_every_layout(tmp_path, pp, vp, memory_mib, time_limit_s):
+    """Whatever the time limit (cut short or certified), the free search's proven lower bound
+    never exceeds the simulated makespan of any layout that fits (all enumerated), its answer
+    fits, and it is never worse than its seed."""
+    ctx = context(tmp_path, pp, vp, memory_mib)
+    best, _ = best_by_enumeration(ctx, "makespan")
+    seeds = tuple(layout for layout, score in enumerate_layouts(ctx) if score.fits)[:1]
+    solution = solve_layout(ctx, time_limit_s=time_limit_s, seeds=seeds)
+    assert solution.fits
+    assert solution.lower_bound_s <= best * (1 + 1e-9)
+    assert best <= solution.makespan_s * (1 + 1e-12)
+    from costmodel.stage_layout import score_layout
+
+    seed_score = score_layout(ctx, seeds[0])
+    assert solution.makespan_s <= (seed_score.pipeline_s - seed_score.pp_exposed_s) * (1 + 1e-12)
+
+
+def test_local_search_improves_and_fits(tmp_path):
+    """From a fitting layout, the descent returns a layout that fits, is no slower, and whose
+    reported makespan is the exact model's; the paths it returns bound every layout."""
+    from costmodel.stage_layout import StageLayout, score_layout
+    from optimizer.layout_search import local_search
+
+    ctx = context(tmp_path, 2, 2, 39000)
+    scored = [(s.pipeline_s - s.pp_exposed_s, layout) for layout, s in enumerate_layouts(ctx) if s.fits]
+    worst_value, worst = max(scored, key=lambda x: x[0])
+    decoders, value, paths = local_search(ctx, worst.decoders, 5.0)
+    found = score_layout(ctx, StageLayout(pp=2, vp=2, decoders=decoders, mtp=worst.mtp))
+    assert found.fits
+    assert value == pytest.approx(found.pipeline_s - found.pp_exposed_s, rel=1e-12)
+    assert value <= worst_value
+    for n_f, n_b in paths:
+        for makespan, layout in scored:
+            s = score_layout(ctx, layout)
+            assert n_f @ s.forward_s + n_b @ s.backward_s <= makespan * (1 + 1e-12)
