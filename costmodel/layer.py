@@ -219,10 +219,14 @@ def layer_time(
     for t_comm, gemm in c.tp:
         hidden = overlapped(gemm_f[gemm], t_comm, cfg.tp, eff.tp_overlap)
         tp_f = tp_f + np.where(tp_on, hidden, t_comm)
+    # backward: userbuffers pipeline the collective with the GEMM of the same shape; Transformer
+    # Engine keeps the async order too (its bulk overlaps: the dgrad reduce-scatter beside the
+    # wgrad GEMM), so switching them on never exposes more than the async path alone
     tp_b = np.zeros_like(comp_f)
     for (kind, _, _), (t_comm, gemm) in zip(work.tp_bytes, c.tp):
-        tp_b = tp_b + np.where(tp_on, overlapped(gemm_f[gemm], t_comm, cfg.tp, eff.tp_overlap),
-                               tp_backward_exposed(kind, t_comm, *gemm_b[gemm], eff, sequence_parallel, tp_backward_overlap))
+        async_b = tp_backward_exposed(kind, t_comm, *gemm_b[gemm], eff, sequence_parallel, tp_backward_overlap)
+        ub_b = overlapped(gemm_f[gemm], t_comm, cfg.tp, eff.tp_overlap)
+        tp_b = tp_b + np.where(tp_on, np.minimum(ub_b, async_b) if tp_backward_overlap else ub_b, async_b)
 
     # --- context parallelism by variant ---------------------------------------------------
     v = cfg.cp_comm
