@@ -57,8 +57,9 @@ def brute_force(problem):
     return out
 
 
-def test_pareto_front_matches_brute_force(tmp_path):
-    problem = load_problem(write(tmp_path, SMALL))
+def front_and_truth(problem):
+    """The tuner's certified front (checked row by row against brute force) and brute force's
+    non-dominated set, over (time to train, cost, ETTR)."""
     solved = solve_clusters(problem, "cpsat", pareto=True)
     truth = brute_force(problem)
     assert solved.status == "optimal" and solved.front_certified
@@ -71,8 +72,21 @@ def test_pareto_front_matches_brute_force(tmp_path):
         assert row.ettr == pytest.approx(-neg_e, rel=1e-9)
     front = {(r.choice.hardware, r.choice.num_gpus) for r in solved.front}
     non_dominated = {key for key, p in points.items() if not any(dominates(q, p) for q in points.values())}
+    return solved, points, front, non_dominated
+
+
+def test_pareto_front_matches_brute_force(tmp_path):
+    problem = load_problem(write(tmp_path, SMALL))
+    solved, points, front, non_dominated = front_and_truth(problem)
     assert front == non_dominated  # no front point dominated, every non-dominated point present
-    assert 1 < len(front) < len(points)  # the comparison is not vacuous
+    assert len(front) > 1
+    # with free checkpoints ETTR depends on the node count alone (to 1e-5), so the slower, dearer
+    # clusters (A100 here) drop out and the comparison is not vacuous; with a 30 s save ETTR differs
+    # by 0.1% between clusters of as many nodes, either way, and can keep every cluster on the front
+    free = load_problem(write(tmp_path, {**SMALL, "fault_tolerance": {**SMALL["fault_tolerance"], "checkpoint_save_s": 0}}, "free.yaml"))
+    _, points_f, front_f, non_dominated_f = front_and_truth(free)
+    assert front_f == non_dominated_f
+    assert 1 < len(front_f) < len(points_f)
     # the chosen cluster is the cheapest (cost objective)
     cheapest = min(points, key=lambda key: points[key][1])
     assert (solved.best.choice.hardware, solved.best.choice.num_gpus) == cheapest
