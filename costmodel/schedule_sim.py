@@ -266,19 +266,23 @@ def _per_chunk_seconds(name: str, value, pp: int, vp: int) -> np.ndarray:
     return array
 
 
+def op_inputs(op: Op, last_stage: int) -> list[tuple[str, int, int]]:
+    """The (kind, stage, micro-batch) keys of the ops whose output an op consumes: a forward the
+    previous stage's forward; a backward its own forward and the next stage's backward (the last
+    stage's gradient starts from the loss, i.e. its own forward); a weight gradient its backward.
+    The one statement of the schedule's data dependencies (the layout search builds on it too)."""
+    if op.kind == "F":
+        return [] if op.stage == 0 else [("F", op.stage - 1, op.microbatch)]
+    if op.kind == "B":
+        own_forward = ("F", op.stage, op.microbatch)
+        return [own_forward] if op.stage == last_stage else [own_forward, ("B", op.stage + 1, op.microbatch)]
+    return [("B", op.stage, op.microbatch)]
+
+
 def _inputs(op: Op, layout: _Layout, last_stage: int) -> list[tuple[tuple[str, int, int], bool]]:
     """(producer key, crosses ranks) for each input of an op."""
     here = layout.rank_of_stage[op.stage]
-    if op.kind == "F":
-        if op.stage == 0:
-            return []
-        return [(("F", op.stage - 1, op.microbatch), layout.rank_of_stage[op.stage - 1] != here)]
-    if op.kind == "B":
-        own_forward = (("F", op.stage, op.microbatch), False)
-        if op.stage == last_stage:  # the loss: the gradient starts from this stage's own forward
-            return [own_forward]
-        return [own_forward, (("B", op.stage + 1, op.microbatch), layout.rank_of_stage[op.stage + 1] != here)]
-    return [(("B", op.stage, op.microbatch), False)]
+    return [(key, layout.rank_of_stage[key[1]] != here) for key in op_inputs(op, last_stage)]
 
 
 def _sends(op: Op, layout: _Layout, last_stage: int) -> bool:

@@ -31,6 +31,8 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
+from costmodel.schedule_sim import op_inputs
+
 from costmodel.stage_layout import (
     LayoutContext,
     LayoutError,
@@ -83,13 +85,7 @@ def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, pr
         start = result.start_s[r][i]
         if start <= tol:
             break
-        preds = []
-        if op.kind == "F" and op.stage > 0:
-            preds.append(("F", op.stage - 1, op.microbatch))
-        if op.kind == "B":
-            preds.append(("F", op.stage, op.microbatch))
-            if op.stage < stages - 1:
-                preds.append(("B", op.stage + 1, op.microbatch))
+        preds = op_inputs(op, stages - 1)
         step = [where[k] for k in preds if abs(result.end_s[where[k][0]][where[k][1]] - start) <= tol]
         if i > 0 and abs(result.end_s[r][i - 1] - start) <= tol:
             step.insert(len(step) * (not prefer_rank), (r, i - 1))
@@ -114,13 +110,7 @@ class ScheduleGraph:
         index = {(op.kind, op.stage, op.microbatch): k for k, (_, op) in enumerate(flat)}
         preds = np.full((n, 3), n, dtype=np.int64)  # n: a sentinel input that ends at 0
         for k, (i, op) in enumerate(flat):
-            row = [k - 1] if i > 0 else []
-            if op.kind == "F" and op.stage > 0:
-                row.append(index["F", op.stage - 1, op.microbatch])
-            if op.kind == "B":
-                row.append(index["F", op.stage, op.microbatch])
-                if op.stage < stages - 1:
-                    row.append(index["B", op.stage + 1, op.microbatch])
+            row = ([k - 1] if i > 0 else []) + [index[key] for key in op_inputs(op, stages - 1)]
             preds[k, :len(row)] = row
         waiting = (preds < n).sum(axis=1)
         successors = [[] for _ in range(n)]
@@ -655,13 +645,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             for op in rank_ops:
                 duration = f_expr[op.stage] if op.kind == "F" else b_expr[op.stage]
                 end = ends[op.kind, op.stage, op.microbatch]
-                preds = [previous] if previous is not None else []
-                if op.kind == "F" and op.stage > 0:
-                    preds.append(ends["F", op.stage - 1, op.microbatch])
-                if op.kind == "B":
-                    preds.append(ends["F", op.stage, op.microbatch])
-                    if op.stage < stages - 1:
-                        preds.append(ends["B", op.stage + 1, op.microbatch])
+                preds = ([previous] if previous is not None else []) + [ends[key] for key in op_inputs(op, stages - 1)]
                 for pred in preds or [0]:
                     model.Add(end >= pred + duration)
                 previous = end
