@@ -205,11 +205,20 @@ def megatron_script(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
+#: compute dtype -> the Bridge's MixedPrecisionConfig (fp8, fp8_recipe): hybrid E4M3/E5M2 with
+#: delayed scaling (Megatron-LM's --fp8-format hybrid and its default --fp8-recipe delayed), and
+#: MXFP8 block scaling on Blackwell
+BRIDGE_FP8 = {"fp8": ("hybrid", "delayed"), "mxfp8": ("e4m3", "mxfp8")}
+
+
 def bridge_overrides(plan: LaunchPlan) -> list[str]:
     """Megatron-Bridge / NeMo 2.0 Hydra dotlist overrides (Megatron-Core field names) on a
     pretraining recipe's ConfigContainer."""
     check_megatron(plan, "megatron-bridge")
     p, m, dt = plan, plan.model, plan.dtypes
+    if dt.params != "bf16":  # the dtype fields are torch.dtype objects a Hydra dotlist cannot write
+        raise ExportError(f"Megatron-Bridge export keeps the recipes' bf16 mixed precision (its dtype fields are torch "
+                          f"dtypes a dotlist cannot write); {dt.params} weights need the recipe changed (or export --format megatron)")
     out = [
         f"model.tensor_model_parallel_size={p.tp}",
         f"model.pipeline_model_parallel_size={p.pp}",
@@ -226,12 +235,19 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         f"ddp.overlap_grad_reduce={mode_of(p.dp_overlap)}",
         f"ddp.overlap_param_gather={mode_of(p.dp_overlap and p.zero_stage >= 1)}",
         f"ddp.grad_reduce_in_fp32={mode_of(dt.grads == 'fp32')}",
+        # the recipe's MixedPrecisionConfig overwrites ddp/model/optimizer precision fields at launch
+        # (runtime_config_update -> MixedPrecisionConfig.setup): the gradient dtype and the fp8 recipe
+        # must be set there too, or a bf16 reduction silently becomes fp32
+        f"mixed_precision.grad_reduce_in_fp32={mode_of(dt.grads == 'fp32')}",
         f"comm_overlap.tp_comm_overlap={mode_of(p.tp_overlap)}",
         f"comm_overlap.overlap_p2p_comm={mode_of(p.pp_overlap)}",
         f"optimizer.optimizer_cpu_offload={mode_of(p.cpu_optimizer)}",
         f"optimizer.optimizer_offload_fraction={1.0 if p.cpu_optimizer else 0.0}",
         f"optimizer.use_precision_aware_optimizer={mode_of(p.cpu_optimizer)}",
     ]
+    if dt.compute in BRIDGE_FP8:  # Megatron-LM's --fp8-format (and recipe) above, as the Bridge's fields
+        fmt, recipe = BRIDGE_FP8[dt.compute]
+        out += [f"mixed_precision.fp8={fmt}", f"mixed_precision.fp8_recipe={recipe}"]
     if m.moe is not None:
         out += [f"model.expert_model_parallel_size={p.ep}", f"model.expert_tensor_parallel_size={p.etp}",
                 f"comm_overlap.overlap_moe_expert_parallel_comm={mode_of(p.ep_overlap)}",
@@ -257,6 +273,10 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         out.append(f"model.microbatch_group_size_per_vp_stage={p.pp_group}")
     if p.pipeline_layout is not None:  # Hydra's quoted string: the layout's | and * stay literal
         out.append(f'model.pipeline_model_parallel_layout="{p.pipeline_layout}"')
+    else:  # a recipe's own layout (DeepSeek-V3's) would otherwise override the split and vp chosen here
+        out.append("model.pipeline_model_parallel_layout=null")
+    if p.pipeline_layout is not None:
+        pass
     elif p.layer_split == "embedding_loss":
         out += ["model.account_for_embedding_in_pipeline_split=true", "model.account_for_loss_in_pipeline_split=true"]
     elif p.layer_split == "uneven":

@@ -52,8 +52,13 @@ def recipe(model: str):
     if model == "deepseek-v3":
         return deepseek_v3.deepseek_v3_pretrain_config()
     if model == "llama2-70b":  # 0.3.1 ships a Llama 2 7B recipe only: its settings, the 70B model the Bridge converts
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
         cfg = llama2.llama2_7b_pretrain_config()
         cfg.model = AutoBridge.from_hf_pretrained("meta-llama/Llama-2-70b-hf").to_megatron_provider(load_weights=False)
+        # this older recipe names its precision ("bf16_mixed"), which a dotlist cannot edit field by
+        # field; resolved to the MixedPrecisionConfig it names, as the Llama 3 and DeepSeek recipes hold
+        cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
         return cfg
     raise KeyError(model)
 
@@ -69,16 +74,37 @@ MACHINE = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
 
 
 def check(case: dict) -> str:
+    """Apply the overrides, then what pretrain() runs before building the model
+    (runtime_config_update: the mixed-precision and comm-overlap setups, which overwrite model,
+    optimizer and DDP fields, then ConfigContainer.validate()); then read every overridden field
+    back, so that a setting the Bridge silently replaced fails too."""
+    from megatron.bridge.training.config import runtime_config_update
     from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
 
     try:
         cfg = recipe(case["model"])
         cfg = process_config_with_overrides(cfg, cli_overrides=[*case["overrides"], *MACHINE])
         os.environ["WORLD_SIZE"] = str(case["world"])
-        cfg.validate()
+        runtime_config_update(cfg)
     except Exception as exc:  # the verdict: what the framework's own code says
         return f"{type(exc).__name__}: {exc}"
-    return "ok"
+    changed = [f"{key}={value!r} became {got!r}" for key, value, got in read_back(cfg, case["overrides"]) if got != value]
+    return "ok" if not changed else "overwritten: " + "; ".join(changed)
+
+
+def read_back(cfg, overrides: list[str]):
+    """(key, the override's value, the value the final config holds) for every `a.b=value`."""
+    import yaml
+
+    for line in overrides:
+        key, _, text = line.partition("=")
+        value = yaml.safe_load(text)
+        if isinstance(value, str) and len(text) > 1 and text[0] == text[-1] == '"':
+            value = text[1:-1]
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        yield key, value, (list(node) if isinstance(node, tuple) else node)
 
 
 class H100Properties:

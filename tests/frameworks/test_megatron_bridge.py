@@ -16,6 +16,8 @@ import pytest
 
 from shipped_exports import accepted, coverage
 
+from mofa.launch.megatron import bridge_overrides
+
 # found, not imported: importing it needs the Transformer Engine stand-in, which only the
 # checker's own process gets (find_spec of a submodule raises when its parent package is absent)
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.bridge") is None:
@@ -45,7 +47,16 @@ def verdicts():
         "broken:world": _broken(first["overrides"], "model.context_parallel_size", "3"),
         "broken:cp_seq": _broken(first["overrides"], "model.seq_length", "1000"),
     }
+    # the precision a plan states must survive the recipe's MixedPrecisionConfig at launch: the
+    # first file's plan with fp8 GEMMs and bf16 gradient reduction, exported by the exporter
+    plan = files[0].plan
+    for name, compute in (("fp8", "fp8"), ("bf16_grads", plan.dtypes.compute)):
+        dtypes = plan.dtypes.model_copy(update={"compute": compute, "grads": "bf16"})
+        cases.append({**first, "name": f"precision:{name}", "overrides": bridge_overrides(plan.model_copy(update={"dtypes": dtypes}))})
     cases += [{**first, "name": name, "overrides": lines} for name, lines in broken.items()]
+    # pretrain() checks the world size before the heads: the tp_heads case keeps the world divisible
+    tp = int(next(line for line in first["overrides"] if line.startswith("model.tensor_model_parallel_size=")).split("=")[1])
+    cases[-3]["world"] = first["world"] // tp * 3
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     run = subprocess.run([sys.executable, str(HERE / "bridge_check.py")], input=json.dumps(cases), capture_output=True, text=True,
                          timeout=900, env=env)
@@ -60,6 +71,14 @@ def test_bridge_accepts_every_exported_file(verdicts):
     rejected = {name: out[name] for name in names if out[name] != "ok"}
     assert not rejected, rejected
     assert len(names) >= 2
+
+
+@pytest.mark.parametrize("case", ["precision:fp8", "precision:bf16_grads"])
+def test_the_exported_precision_survives_the_recipe(verdicts, case):
+    """The recipe's MixedPrecisionConfig overwrites DDP and model precision fields in pretrain()
+    (runtime_config_update); the checker reads every exported field back after it."""
+    _, out = verdicts
+    assert out[case] == "ok", out[case]
 
 
 @pytest.mark.parametrize("case,message", [

@@ -97,7 +97,17 @@ def test_megatron_llama3_405b_layout_with_embedding_and_loss_accounting():
     overrides = bridge_overrides(plan)
     for item in ("model.virtual_pipeline_model_parallel_size=8", "model.account_for_embedding_in_pipeline_split=true",
                  "ddp.overlap_param_gather=true", "comm_overlap.overlap_p2p_comm=true", "checkpoint.save_interval=45",
-                 "train.train_iters=929833", "ddp.grad_reduce_in_fp32=true"):
+                 "train.train_iters=929833", "ddp.grad_reduce_in_fp32=true", "mixed_precision.grad_reduce_in_fp32=true",
+                 "model.pipeline_model_parallel_layout=null"):
+        assert item in overrides, item
+    assert not any(item.startswith("mixed_precision.fp8") for item in overrides)  # bf16 GEMMs
+    # fp8 GEMMs: Megatron-LM's --fp8-format hybrid (delayed scaling), and the Bridge's MixedPrecisionConfig fields,
+    # which pretrain() copies onto the model (tests/frameworks reads them back after it)
+    fp8 = plan.model_copy(update={"dtypes": plan.dtypes.model_copy(update={"compute": "fp8", "grads": "bf16"})})
+    assert "--fp8-format hybrid" in groups(fp8) and "--grad-reduce-in-bf16" in groups(fp8)
+    overrides = bridge_overrides(fp8)
+    for item in ("mixed_precision.fp8=hybrid", "mixed_precision.fp8_recipe=delayed", "mixed_precision.grad_reduce_in_fp32=false",
+                 "ddp.grad_reduce_in_fp32=false"):
         assert item in overrides, item
 
 
