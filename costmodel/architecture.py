@@ -45,6 +45,15 @@ class Shard:
     seq: int
     sp: bool = True  # sequence parallelism: the residual stream is sharded over TP
     chunks: np.ndarray | float = 1.0  # MemFine FCDA: token chunks of each MoE layer's dispatch / experts / combine
+    # 1 where a column-parallel GEMM keeps its all-gathered input for the backward (DTensor TP: the
+    # matmul saves what it was given), 0 where it keeps the SP shard and re-gathers it (Megatron,
+    # Transformer Engine, PyTorch's async TP; torchtitan Table 4: 71.9 GiB without async TP, 67.6 with)
+    keeps_gathered: np.ndarray | float = 0.0
+
+    @property
+    def tokens_saved_input(self) -> np.ndarray:
+        """Tokens of the saved input of a column-parallel GEMM: the SP shard, or all of them."""
+        return np.where(self.keeps_gathered > 0, self.tokens, self.tokens_sp)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -402,7 +411,7 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
         gate_t = a_t if m.attention_output_gate else 0.0 * a_t  # gated attention: q_proj also emits the gate
         gemms.append(Gemm("qkv", T, (a_t + gate_t + 2 * kv_t) * dqk, np.full_like(T, h)))
         first_gemm = "qkv"
-    saved["qkv_input"] = D * Tsp * h  # norm output, sharded by SP (re-gathered in backward)
+    saved["qkv_input"] = D * sh.tokens_saved_input * h  # norm output, sharded by SP (re-gathered in backward) or gathered
     # Q, K, V as the attention kernel reads them (Korthikanti: "QK^T needs Q and K", "V")
     saved["q"] = D * T * a_t * dqk
     saved["k"] = D * T * kv_t * dqk
@@ -527,7 +536,7 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: st
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size
     gemms, saved_mlp, act = _mlp(m, m.ffn_hidden_size / t, T, D, "", ("mlp",), tr.elementwise == "eager")
     saved = dict(at["saved"])
-    saved["mlp_input"] = D * Tsp * h
+    saved["mlp_input"] = D * sh.tokens_saved_input * h
     saved.update(saved_mlp)
     ops = at["ops"] + [act, residual_add("mlp_residual", m, D, Tsp * h)]
     if m.dropout:
@@ -662,15 +671,25 @@ class EdgeWork:
     embedding_memory_bytes: np.ndarray
     head_gemm: Gemm
     head_memory_bytes: np.ndarray  # final norm + cross-entropy passes over the logits
-    head_saved: np.ndarray  # final-norm input + fp32 softmax kept for the loss backward
+    head_saved: np.ndarray  # final-norm input and output + the loss at its peak (fp32 softmax; eager: edges())
     head_tp_bytes: np.ndarray  # all-gather of the final hidden states before the head
 
 
-def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> EdgeWork:
+def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> EdgeWork:
     """Embedding lookup and output layer. The vocabulary is split over TP (vocab-parallel)."""
     h, V = m.hidden_size, m.vocab_size
     T, Tsp, t = sh.tokens, sh.tokens_sp, sh.t
     logits = T * V / t
+    # bytes a logit at the loss's peak. Fused (Megatron's vocab-parallel kernel): the fp32 softmax.
+    # Eager (F.cross_entropy(logits.float())): the larger of the forward, with the bf16 logits, their
+    # fp32 copy and the log-softmax output (a vocab-parallel DTensor log-softmax, t > 1, also holds
+    # x - max beside exp(x - max): torch.distributed.tensor.parallel.loss._log_softmax), and the
+    # backward's start, with the saved log-softmax, two fp32 gradients (log-probs, logits) and the
+    # bf16 logits unless the loop dropped them (no PP)
+    kept_logits = np.where(tr.logits_freed_before_backward & (pp == 1), 0.0, D)
+    eager_forward = D + 4 + 4 + 4.0 * (t > 1)
+    eager_backward = 4 + 8 + kept_logits
+    loss_bytes = np.maximum(eager_forward, eager_backward) if tr.loss_kernel == "eager_fp32" else 4.0 + 0.0 * t
     head = Gemm("head", T, V / t, np.full_like(T, h))
     return EdgeWork(
         embedding_params_local=V * h / t,
@@ -679,9 +698,7 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> EdgeWork:
         head_gemm=head,
         # final norm; logits written (D), upcast to fp32, softmax and loss: ~4 fp32 passes
         head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits,
-        # saved for the loss backward: the final-norm input and output, the fp32 softmax; eagerly
-        # (PyTorch cross_entropy on .float() logits) also the bf16 logits and, at the start of the
-        # backward, two fp32 gradients (log-probs, logits) of the logits' size
-        head_saved=D * Tsp * h + D * Tsp * h + (4 + (D + 8) * (tr.loss_kernel == "eager_fp32")) * logits,
+        # held for the loss: the final-norm input and output, and the loss's peak (above)
+        head_saved=D * Tsp * h + D * Tsp * h + loss_bytes * logits,
         head_tp_bytes=np.where(t > 1, D * T * h, 0.0),
     )

@@ -62,14 +62,14 @@ def kind_bounds(work: LayerWork, comp: ComputeModel, attention_factor: np.ndarra
 
 
 def step_bounds(rank_layer_bounds: list[dict[str, np.ndarray]], rank_params: list[tuple], micro: np.ndarray, x, ideal_groups, ideal: Network,
-                dtypes: tuple[int, int, int], hbm_bytes_per_s: float, moe: bool) -> dict[str, np.ndarray]:
+                dtypes: tuple[int, int, int], hbm_bytes_per_s: float, moe: bool, optimizer_impl: str = "fused") -> dict[str, np.ndarray]:
     """The step's bounds (BOUND_KEYS, seconds) from each rank class's summed layer bounds (per
     micro-batch) and its (dense, expert) parameters: the busiest rank's, for each phase."""
     d_para, _, d_opt = dtypes
     out = {}
     per_rank = []
     for layer, (dense, expert) in zip(rank_layer_bounds, rank_params):
-        update_bytes = (1.0 - x.cpu) * adam_bytes_per_param(d_para, d_opt) * updated_params(dense, expert, x)
+        update_bytes = (1.0 - x.cpu) * adam_bytes_per_param(d_para, d_opt, optimizer_impl) * updated_params(dense, expert, x)
         per_rank.append({
             "compute": micro * layer["compute"],
             "memory": (micro * layer["hbm_bytes"] + update_bytes) / hbm_bytes_per_s,

@@ -153,9 +153,10 @@ def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Lay
     eff = hw.efficiency
     d_act = DTYPE_BYTES[tr.dtypes.activations]
     shard = arch.Shard(t=cfg.tp.astype(float), c=cfg.cp.astype(float), e=cfg.ep.astype(float), etp=cfg.etp.astype(float), b=cfg.mbs.astype(float), seq=tr.seq_len, sp=tr.sequence_parallel,
-                       chunks=np.maximum(cfg.moe_chunks, 1.0))
+                       chunks=np.maximum(cfg.moe_chunks, 1.0),
+                       keeps_gathered=float(not tr.tp_backward_overlap) * (cfg.tp_overlap == 0) * (cfg.tp > 1) * float(tr.sequence_parallel))
     works = [arch.layer_work(m, tr, shard, d_act, kind) for kind in model_kinds(m, tr)]
-    edge = arch.edges(m, tr, shard, d_act)
+    edge = arch.edges(m, tr, shard, d_act, cfg.pp)
 
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
     net = Network(hw, cl)
@@ -428,7 +429,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
         window_b = cooldown * bwd[k]
         window_f = cooldown * fwd[k]
-        ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, groups, net, hw, (d_para, d_grad, d_opt), comp, window_b, window_f, cfg.vp, moe)
+        ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, groups, net, hw, (d_para, d_grad, d_opt), comp, window_b, window_f, cfg.vp, moe,
+                            tr.optimizer_impl)
         opt_dp.append(ot.dp_exposed)
         opt_update.append(ot.update)
     slowest = argmax3(*(opt_dp[k] + opt_update[k] for k in range(3)))
@@ -439,7 +441,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     bounds = None
     if with_bounds:
         ideal = ideal_network(hw, cl)
-        bounds = step_bounds(layer_bounds, params, micro, x, stage_groups(cl.placement, cfg, ideal, experts=moe), ideal, (d_para, d_grad, d_opt), hw.memory_bandwidth_gb_per_s * GB, moe)
+        bounds = step_bounds(layer_bounds, params, micro, x, stage_groups(cl.placement, cfg, ideal, experts=moe), ideal, (d_para, d_grad, d_opt), hw.memory_bandwidth_gb_per_s * GB, moe,
+                              tr.optimizer_impl)
     breakdown = {key: zero if all(v is zero for v in parts[key]) else micro * pick3(pipe.bottleneck, *parts[key]) for key in parts}
     breakdown["pp"] = pipe.pp_exposed
     breakdown["bubble"] = pipe.bubble

@@ -24,11 +24,15 @@ T^BWD (eq. 8), per layer, per micro-batch, on one GPU, then modified by
   * full recompute (eq. 32): backward re-runs the whole forward, its communication included
     (how many layers do is the rank's business: pipeline/memory compose it).
   * activation offload (eqs. 34-35) of the bytes the setting offloads (MoFa's whole layer or
-    Megatron's chosen modules): T^FWD -> max(alpha*M_off/B_d2h, beta*T^FWD), and the same for the
-    backward prefetch over H2D.
-Communication that is not overlapped is fully exposed. Without --tp-comm-overlap Megatron
-still hides the backward re-all-gather of the sequence-parallel input behind the dgrad GEMM
-(async all-gather), so the backward exposes four TP collectives per layer, like the forward.
+    Megatron's chosen modules): T^FWD -> max(beta*M_off/B_d2h, alpha*T^FWD) (eqs. 34-35 name the
+    copy's coefficient alpha; here alpha is the computation's, costmodel.specs.OverlapCoefficients),
+    and the same for the backward prefetch over H2D.
+  * the backward TP collectives Megatron launches asynchronously without userbuffer overlap
+    (`tp_backward_exposed`): the input gradient's reduce-scatter (all-reduce without SP) beside
+    the wgrad GEMM, the SP input's re-all-gather beside the dgrad GEMM, eq. 24's form (only the
+    compute they overlap is slowed).
+Every overlap is one of the two forms in costmodel.overlap. Communication that is not
+overlapped is fully exposed.
 
 The backward of every GEMM is a data-gradient and a weight-gradient GEMM, each timed at its own
 shape (costmodel.compute); the weight-gradient part (W) is kept apart for the zero-bubble family
@@ -45,6 +49,7 @@ from costmodel.architecture import CHUNKED, SAVED_TAGS, LayerWork
 from costmodel.compute import ComputeModel
 from costmodel.configs import CP_COMM_CODES, OFFLOAD_LAYER, OFFLOAD_MODULE_BITS, RECOMPUTE_MODULE_BITS, ConfigBatch
 from costmodel.network import Group, Network
+from costmodel.overlap import beyond_window, contended
 from costmodel.placement import LayerGroups
 from costmodel.specs import EfficiencyProfile, ModelSpec
 
@@ -112,7 +117,7 @@ def collectives(work: LayerWork, model: ModelSpec, cfg: ConfigBatch, place: Laye
 
 def overlapped(t_compute, t_comm, split, coef) -> np.ndarray:
     """Exposed communication of eqs. 20-21: min(T_c, T_m)/s_n + max(alpha*T_c, beta*T_m) - T_c."""
-    return np.minimum(t_compute, t_comm) / split + np.maximum(coef.alpha * t_compute, coef.beta * t_comm) - t_compute
+    return np.minimum(t_compute, t_comm) / split + contended(t_compute, t_comm, coef)
 
 
 def inter_node_share(model: ModelSpec, dispatcher: str, group: Group):
@@ -144,8 +149,9 @@ def tp_backward_exposed(kind: str, t_comm, dgrad, wgrad, eff: EfficiencyProfile,
     collective asynchronously and computes the weight gradient meanwhile: under SP a reduce-scatter
     hidden behind the wgrad GEMM, with the input re-gathered under the dgrad GEMM; without SP an
     all-reduce (twice the volume) behind the wgrad GEMM. The row-parallel backward all-gathers the
-    output gradient under SP (exposed) and has no collective without it. Both hidings are eq. 20
-    (alpha, beta: the contention of a collective sharing the GPU with a GEMM). With
+    output gradient under SP (exposed) and has no collective without it. Both hidings are eq. 24's
+    form, costmodel.overlap.beyond_window with eq. 20's coefficients (tp_overlap): the collective
+    slows only the part of the GEMM it overlaps, and what outlasts the GEMM is exposed. With
     `async_dgrad` off (torchtitan's DTensor TP, whose collectives wait where issued) every
     collective is exposed: the reverse of the forward's, the same volume under SP, the all-reduce
     on the column side without it."""
@@ -153,17 +159,10 @@ def tp_backward_exposed(kind: str, t_comm, dgrad, wgrad, eff: EfficiencyProfile,
         return t_comm if sequence_parallel else 0.0 * t_comm
     coef = eff.tp_overlap
     if not sequence_parallel:
-        return hidden_behind(wgrad, 2.0 * t_comm, coef) if async_dgrad else 2.0 * t_comm
+        return beyond_window(2.0 * t_comm, wgrad, coef) if async_dgrad else 2.0 * t_comm
     if not async_dgrad:
         return t_comm
-    return hidden_behind(wgrad, t_comm, coef) + hidden_behind(dgrad, t_comm, coef)
-
-
-def hidden_behind(t_compute, t_comm, coef) -> np.ndarray:
-    """Exposed time of one collective launched asynchronously beside one GEMM (no chunking, so
-    eq. 20 without its pipeline-fill term): max(alpha*T_c, beta*T_m) - T_c, at least 0 and
-    at most T_m (the framework waits on it, it is never worse than running it alone)."""
-    return np.clip(np.maximum(coef.alpha * t_compute, coef.beta * t_comm) - t_compute, 0.0, t_comm)
+    return beyond_window(t_comm, wgrad, coef) + beyond_window(t_comm, dgrad, coef)
 
 
 def has(mask: np.ndarray, bit: int) -> np.ndarray:
@@ -242,7 +241,7 @@ def layer_time(
     ep_comm_b = ep_comm_f
     both = ep_comm_f + ep_comm_b
     ep_on = (cfg.ep_overlap == 1) & (both > 0)  # dense layers of an MoE model have nothing to hide
-    exposed = np.maximum(eff.ep_overlap.alpha * (comp_f + comp_b), eff.ep_overlap.beta * both) - (comp_f + comp_b)
+    exposed = contended(comp_f + comp_b, both, eff.ep_overlap)
     share_f = np.divide(ep_comm_f, both, out=np.full_like(both, 0.5), where=both > 0)
     ep_f = np.where(ep_on, exposed * share_f, ep_comm_f)
     ep_b = np.where(ep_on, exposed * (1 - share_f), ep_comm_b)
@@ -272,8 +271,8 @@ def layer_time(
     bwd = comp_b + tp_b + cp_b + ep_b + recompute
     c = eff.offload_overlap
     off = offloaded > 0
-    offload_f = np.where(off, np.maximum(c.alpha * offloaded / d2h, c.beta * fwd) - fwd, 0.0)
-    offload_b = np.where(off, np.maximum(c.alpha * offloaded / h2d, c.beta * bwd) - bwd, 0.0)
+    offload_f = np.where(off, contended(fwd, offloaded / d2h, c), 0.0)
+    offload_b = np.where(off, contended(bwd, offloaded / h2d, c), 0.0)
     return LayerTime(comp_f, comp_b, wgrad, tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, recompute, offload_f, offload_b, attn_f)
 
 

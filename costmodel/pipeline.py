@@ -50,6 +50,7 @@ import numpy as np
 from costmodel.arrays import argmax3, blend, unique_rows
 from costmodel.configs import PP_SCHEDULE_CODES as SCHEDULE
 from costmodel.configs import ConfigBatch
+from costmodel.overlap import beyond_window
 
 @dataclass(frozen=True)
 class RankLayers:
@@ -233,9 +234,7 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     slack = p2p_slack(cfg, microbatches)
 
     def exposed(chunk):  # eq. 23 per hop: what the overlapped region adds beyond the chunks hiding it
-        comm = c.beta * hop
-        window = slack * chunk
-        return np.maximum(comm - window, (c.alpha - 1.0) * np.minimum(window, comm))
+        return beyond_window(hop, slack * chunk, c)
 
     steady_hidden = microbatches * v * (exposed(chunk_f) + exposed(chunk_b))
     floor = (p > 1) * 2 * (v * p - 1) * hop

@@ -297,7 +297,7 @@ class EfficiencyProfile(Spec):
     ep_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.1, beta=1.1)
     pp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.0, beta=1.0)
     dp_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.05, beta=1.05)
-    offload_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.0, beta=1.05)
+    offload_overlap: OverlapCoefficients = OverlapCoefficients(alpha=1.05, beta=1.0)  # eqs. 34-35 name the copy's alpha, the layer's beta: swapped to this class's convention
     calibration: CalibrationStats | None = None
 
 
@@ -506,6 +506,20 @@ class TrainingSpec(Spec):
         "and of the logits while every activation of the micro-batch is still held (measured on an H100: "
         "calibration/kernels/h100-sxm/steps)",
     )
+    optimizer_impl: Literal["fused", "foreach", "per_parameter"] = Field(
+        default="fused",
+        description="how the GPU Adam step runs (costmodel.update.adam_bytes_per_param): fused = one multi-tensor kernel "
+        "(Megatron's Apex/Transformer Engine FusedAdam, torch AdamW(fused=True)); foreach = torch AdamW's multi-tensor "
+        "default, eight elementwise passes; per_parameter = the same passes in a Python loop over the parameters "
+        "(Composer's DecoupledAdamW, llm-foundry's optimizer)",
+    )
+    logits_freed_before_backward: bool = Field(
+        default=False,
+        description="eager_fp32 loss: the training loop drops the bf16 logits before loss.backward() (torchtitan's train "
+        "step: `del pred`, 'need to free to before bwd to avoid peaking memory'), so the loss backward holds only the "
+        "fp32 tensors; without pipelining only, since PyTorch's pipeline schedules keep every stage's output until its "
+        "backward. false: a plain script that keeps `logits` (2 bytes a logit more at the backward's start)",
+    )
     elementwise: Literal["fused", "eager"] = Field(
         default="fused",
         description="the rotary embedding and SwiGLU: fused = one kernel each (Megatron's Apex/Transformer Engine kernels, "
@@ -527,8 +541,10 @@ class TrainingSpec(Spec):
         description="without userbuffer overlap, the column-parallel backward still hides its input-gradient collective "
         "behind the weight-gradient GEMM (and under SP re-gathers its input behind the dgrad GEMM): Megatron's "
         "LinearWithGradAccumulationAndAsyncCommunication and Transformer Engine's Linear (--async-tensor-model-"
-        "parallel-allreduce, default since 2022); false: torchtitan's DTensor TP, whose collectives wait where issued "
-        "(costmodel.layer.tp_backward_exposed)",
+        "parallel-allreduce, default since 2022), which keeps the sequence-parallel shard of the input for the backward; "
+        "false: torchtitan's DTensor TP, whose collectives wait where issued (costmodel.layer.tp_backward_exposed) and "
+        "whose column-parallel matmuls keep the all-gathered input unless async TP fuses them (architecture.Shard."
+        "keeps_gathered)",
     )
     flops_convention: FlopsConvention = Field(
         default="palm",

@@ -42,13 +42,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import blend
+from costmodel.overlap import beyond_window
 from costmodel.units import GB, optimizer_state_bytes
 
 #: Megatron's default DDP bucket (parameters): --ddp-bucket-size default max(40M, 1M * dp)
 BUCKET_PARAMS = 40e6
 BUCKET_PARAMS_PER_DP_RANK = 1e6
-#: kernels of one fused multi-tensor Adam step (launch overheads)
-ADAM_KERNELS = 4.0
+#: kernels of one Adam step (launch overheads): a fused multi-tensor kernel's few launches, or the
+#: eight elementwise passes of an unfused step (`adam_bytes_per_param`)
+ADAM_KERNELS = {"fused": 4.0, "foreach": 8.0, "per_parameter": 8.0}
 
 
 @dataclass(frozen=True)
@@ -59,21 +61,16 @@ class OptimizerTime:
 
 def exposed_after_overlap(total, units, window, coef, on):
     """Eq. 24 for one direction (reduce-scatter or all-gather): the first unit is exposed; the
-    rest overlaps the window of compute, the communication slowed by beta and the compute it
-    overlaps by alpha. The overlapped region lasts max(beta*rest, window + (alpha-1)*overlapped
-    compute); what it adds beyond the window (already counted in the pipeline) is exposed."""
+    rest overlaps the window of compute (costmodel.overlap.beyond_window); all of it without
+    overlap."""
     first = total / units
-    rest = coef.beta * (total - first)
-    overlapped = np.minimum(window, rest)
-    extra = np.maximum(rest - window, (coef.alpha - 1.0) * overlapped)
-    return blend(on, first + extra, total)
+    return blend(on, first + beyond_window(total - first, window, coef), total)
 
 
 def hidden(comm, window, coef, on):
     """A transfer that overlaps `window` seconds of compute entirely (no exposed first unit):
-    what it adds beyond the window (eq. 24's overlapped region); all of it without overlap."""
-    rest = coef.beta * comm
-    return blend(on, np.maximum(rest - window, (coef.alpha - 1.0) * np.minimum(window, rest)), comm)
+    what it adds beyond the window (costmodel.overlap.beyond_window); all of it without overlap."""
+    return blend(on, beyond_window(comm, window, coef), comm)
 
 
 def window_used(comm, window, coef, on):
@@ -84,11 +81,24 @@ def window_used(comm, window, coef, on):
     return on * np.minimum(window, coef.beta * comm)
 
 
-def adam_bytes_per_param(d_para: int, d_opt: int) -> int:
-    """Reads: master weight (when the weights are narrower than D_opt), both moments, the
-    gradient upcast to D_opt; writes: the same states and the model weight."""
+def adam_bytes_per_param(d_para: int, d_opt: int, impl: str = "fused") -> int:
+    """HBM bytes of one Adam step per parameter (eq. 13's update, counted).
+
+    fused (Apex/Transformer Engine FusedAdam, torch.optim.AdamW(fused=True)): one pass that reads
+    the master weight (when the weights are narrower than D_opt), both moments and the gradient
+    upcast to D_opt, and writes the states and the model weight.
+    foreach (torch.optim.AdamW's multi-tensor default) and per_parameter (Composer's
+    DecoupledAdamW, llm-foundry's optimizer: the same ops in a Python loop over the parameters):
+    eight elementwise passes over D_opt tensors, each reading its operands and writing its result,
+    20 D_opt in all, plus the copy to the narrower model weight:
+      foreach: m lerp (3), v mul (2), v addcmul (3), weight decay (2), sqrt(v) (2), / bias
+        correction (2), + eps (2), the weight's addcdiv (4);
+      DecoupledAdamW (weight_decay 0): m mul (2), m add (3), v mul (2), v addcmul (3), sqrt(v) (2),
+        / bias correction (2), + eps (2), the weight's addcdiv (4)."""
     states = optimizer_state_bytes(d_para, d_opt)
-    return states + d_opt + states + d_para
+    if impl == "fused":
+        return states + d_opt + states + d_para
+    return 20 * d_opt + ((d_opt + d_para) if d_para < d_opt else 0)
 
 
 def reduce_scatter_grads(nbytes, expert_nbytes, x, groups, net, moe: bool):
@@ -126,10 +136,12 @@ def dp_traffic(dense_params, expert_params, x, groups, net, dtypes, moe: bool):
     return blend(x.shard_states, sharded, all_reduce)
 
 
-def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool) -> OptimizerTime:
+def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool,
+                   optimizer_impl: str = "fused") -> OptimizerTime:
     """Step-level DP communication and update of one pipeline rank holding `dense_params` +
     `expert_params`. window_b/window_f: compute that can hide the gradient reduction / parameter
-    all-gather; units_v: virtual stages on the rank (1 means bucket-granular overlap)."""
+    all-gather; units_v: virtual stages on the rank (1 means bucket-granular overlap);
+    optimizer_impl: how the GPU update runs (`adam_bytes_per_param`)."""
     d_para, d_grad, d_opt = dtypes
     sharded = x.shard_states
     all_reduce = 0.0 * dense_params
@@ -151,7 +163,7 @@ def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp
     exposed = exposed_after_overlap(trailing, units, window_b, coef, on) + exposed_after_overlap(leading, units, window_f, coef, on)
 
     local = updated_params(dense_params, expert_params, x)
-    gpu_update = comp.memory_time(adam_bytes_per_param(d_para, d_opt) * local, ADAM_KERNELS)
+    gpu_update = comp.memory_time(adam_bytes_per_param(d_para, d_opt, optimizer_impl) * local, ADAM_KERNELS[optimizer_impl])
     eff = hw.efficiency.host_link_efficiency
     cpu_update = local / hw.cpu_optimizer_params_per_s + d_grad * local / (hw.d2h_gb_per_s * eff * GB) + d_para * local / (hw.h2d_gb_per_s * eff * GB)
     update = blend(x.cpu, cpu_update, gpu_update)

@@ -51,9 +51,10 @@ def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
     other H100 source, within the issue's 10% per source. The tolerance is the figure
-    results/reference/validate.txt records for this source (6.4%, held out; 7.0% before the
-    column-parallel backward hid its collective behind wgrad as Megatron does and the fit took the
-    contention of overlapped data-parallel collectives). It was 22.1% while
+    results/reference/validate.txt records for this source (6.0%, held out; 6.4% before the
+    async backward TP collectives slowed only the GEMM they overlap, eq. 24's form; 7.0% before
+    the column-parallel backward hid its collective behind wgrad as Megatron does and the fit
+    took the contention of overlapped data-parallel collectives). It was 22.1% while
     the source left CP's ring exchange unoverlapped, which Transformer Engine always overlaps with
     the attention of the block in hand: the held-out fit then priced the exposed inter-node ring
     with a cluster bandwidth no other source pins down, and missed the 512K and 1M rows by 54%."""
@@ -70,7 +71,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 6.36 + 0.005  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 6.00 + 0.005  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():

@@ -133,3 +133,35 @@ def test_eager_elementwise_moves_what_pytorch_composite_ops_move():
     for work in (norms, eager):
         assert [g.name for g in work.gemms] == [g.name for g in fused.gemms]
         assert float(work.attention_flops_hw[0]) == float(fused.attention_flops_hw[0])
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_dtensor_tp_keeps_the_gathered_input_of_column_parallel_gemms(t):
+    """Megatron saves the sequence-parallel shard of the qkv and fc1 inputs and re-gathers it in
+    the backward; DTensor TP's matmuls save the all-gathered input they were given
+    (Shard.keeps_gathered): (t - 1) x 2sbh more bytes per layer, nothing else changes."""
+    s, b, h = 2048, 2, GPT.hidden_size
+    f = lambda x: np.array([float(x)])
+    megatron = arch.dense_layer(GPT, UNFUSED, shard(t=t, b=b), D=2)
+    dtensor = arch.dense_layer(GPT, UNFUSED, arch.Shard(t=f(t), c=f(1), e=f(1), etp=f(1), b=f(b), seq=s, keeps_gathered=f(1)), D=2)
+    for name in ("qkv_input", "mlp_input"):
+        assert float(megatron.saved[name][0]) == 2 * s * b * h / t
+        assert float(dtensor.saved[name][0]) == 2 * s * b * h
+    assert float(dtensor.saved_bytes[0] - megatron.saved_bytes[0]) == pytest.approx(2 * 2 * s * b * h * (1 - 1 / t))
+
+
+@pytest.mark.parametrize("loss_kernel,freed,t,pp,per_logit", [
+    ("fused", False, 1, 1, 4),  # Megatron's kernel: the fp32 softmax
+    ("eager_fp32", False, 1, 1, 14),  # a script keeping `logits`: 4 + 8 fp32 gradients + 2 bf16 logits at the backward
+    ("eager_fp32", True, 1, 1, 12),  # torchtitan: `del pred` before backward
+    ("eager_fp32", True, 8, 1, 14),  # vocab-parallel log-softmax: its forward holds x - max and exp(x - max)
+    ("eager_fp32", True, 1, 4, 14),  # pipelined: the schedule keeps the stage output (the logits)
+])
+def test_loss_bytes_per_logit_at_its_peak(loss_kernel, freed, t, pp, per_logit):
+    s, b = 2048, 1
+    m = MODELS["llama3.1-8b"]
+    tr = TrainingSpec(global_batch_size=8, seq_len=s, loss_kernel=loss_kernel, logits_freed_before_backward=freed)
+    edge = arch.edges(m, tr, shard(t=t, b=b, seq=s), 2, np.array([float(pp)]))
+    norm = 2 * 2 * s * b * m.hidden_size / t  # the final norm's input and output (SP-sharded)
+    logits = s * b * m.vocab_size / t
+    assert float(edge.head_saved[0]) == pytest.approx(norm + per_logit * logits)

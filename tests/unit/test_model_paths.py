@@ -590,3 +590,47 @@ def test_batch_and_single_evaluation_agree(name):
         if batch.e2e_time_s is not None:
             assert one.e2e_time_s[0] == pytest.approx(batch.e2e_time_s[i], rel=1e-12)
             assert one.checkpoint_interval[0] == batch.checkpoint_interval[i]
+
+
+def test_the_two_overlap_forms_hand_arithmetic():
+    """costmodel.overlap: eq. 20's pair slows the whole computation (max(alpha*T_c, beta*T_m) -
+    T_c), eq. 24's window only the part the transfer overlaps. A 1 s collective beside a 10 s GEMM,
+    alpha 1.1, beta 1.2: the pair adds 1.0 s (0.1 x 10), the window form 0.12 s (0.1 x 1.2); a 12 s
+    collective: both expose what outlasts the compute, 14.4 - 10 = 4.4 s."""
+    from costmodel.overlap import beyond_window, contended
+
+    coef = OverlapCoefficients(alpha=1.1, beta=1.2)
+    assert float(contended(a(10.0), a(1.0), coef)[0]) == pytest.approx(1.0)
+    assert float(beyond_window(a(1.0), a(10.0), coef)[0]) == pytest.approx(0.12)
+    assert float(contended(a(10.0), a(12.0), coef)[0]) == pytest.approx(4.4)
+    assert float(beyond_window(a(12.0), a(10.0), coef)[0]) == pytest.approx(4.4)
+
+
+def test_megatron_async_tp_backward_collective_slows_only_what_it_overlaps():
+    """Megatron's input-gradient reduce-scatter runs beside the wgrad GEMM (eq. 24's form): it
+    exposes (alpha - 1) * beta * T_comm when the GEMM outlasts it, never (alpha - 1) * T_gemm."""
+    from costmodel.layer import tp_backward_exposed
+    from costmodel.specs import EfficiencyProfile
+
+    eff = EfficiencyProfile(tp_overlap=OverlapCoefficients(alpha=1.1, beta=1.2))
+    comm, dgrad, wgrad = a(1.0), a(10.0), a(10.0)
+    assert float(tp_backward_exposed("ag", comm, dgrad, wgrad, eff, True, True)[0]) == pytest.approx(2 * 0.12)
+    assert float(tp_backward_exposed("ag", comm, dgrad, wgrad, eff, False, True)[0]) == pytest.approx(0.24)  # all-reduce: 2 x volume
+    assert float(tp_backward_exposed("ag", comm, dgrad, wgrad, eff, True, False)[0]) == pytest.approx(1.0)  # DTensor: waits
+
+
+def test_unfused_adam_moves_the_bytes_of_its_elementwise_passes():
+    """A fused Adam step reads and writes each state once (bf16 weights, fp32 states: master,
+    m, v read and written, the fp32 gradient read, the bf16 weight written: 30 bytes); the
+    multi-tensor and per-parameter implementations run eight elementwise passes, 20 fp32 reads
+    and writes, plus the bf16 copy of the master (86 bytes). The update time follows."""
+    from costmodel.update import adam_bytes_per_param
+
+    assert adam_bytes_per_param(2, 4) == 30
+    assert adam_bytes_per_param(2, 4, "foreach") == adam_bytes_per_param(2, 4, "per_parameter") == 86
+    assert adam_bytes_per_param(4, 4, "per_parameter") == 80  # fp32 weights: no copy
+    p = problem("llama2_70b_128gpu")
+    cfg = ConfigBatch.from_columns(p.cluster.num_gpus, tp=8, pp=4, first_layers=20, last_layers=20, mbs=1, zero_stage=1)
+    fused = evaluate(p, cfg).breakdown_s["update"][0]
+    loop = p.model_copy(update={"training": p.training.model_copy(update={"optimizer_impl": "per_parameter"})})
+    assert float(evaluate(loop, cfg).breakdown_s["update"][0]) == pytest.approx(float(fused) * 86 / 30, rel=0.02)
