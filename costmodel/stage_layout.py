@@ -454,6 +454,23 @@ def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: 
     return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg_plain, ctx.cfg_plain.derived(), ctx.mc, ctx.communicators, mtp_layers)
 
 
+def rank_peak_bytes(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomputed: np.ndarray, last: bool, mtp_layers: int) -> float:
+    """The exact ledger's peak of a rank whose local chunks hold these [chunk, kind] layers
+    (MTP included) and recompute these [chunk, kind] ones: its activations at the peak are the
+    largest in-flight vector of ctx.held weighted by each chunk's bytes (a recomputed layer
+    keeps its input, the others their activations) plus the working set of a recomputed layer
+    (recompute_working_bytes), handed to the ledger of ctx.cfg_plain (no recompute) as that
+    many of the rank's mean chunks in flight."""
+    u = unit_costs(ctx)
+    kept = chunks @ u["kind_activation"]  # [chunk] one micro-batch of each local chunk, nothing recomputed
+    chunk_bytes = kept - recomputed @ u["kind_dropped"]
+    held = float((ctx.held[rank] @ chunk_bytes).max()) + float(recompute_working_bytes(u, recomputed.sum(axis=0)))
+    mean_chunk = kept.sum() / len(kept)
+    in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
+    ledger = rank_ledger(ctx, chunks.sum(axis=0), rank == 0, last, mtp_layers, in_flight)
+    return _scalar(ledger.peak)
+
+
 def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Per rank: kind counts (MTP included), MTP modules, and per local chunk kind counts."""
     counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
@@ -481,20 +498,8 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     forward, backward = stage_times(ctx, layout)
     work = np.array([(forward + backward)[r::pp].sum() for r in range(pp)])
     per_rank, mtp, chunks = rank_counts(ctx, layout)
-    u = unit_costs(ctx)
-    act = u["kind_activation"]
     recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    peaks = []
-    for r in range(pp):
-        kept = chunks[r] @ act  # [vp] one micro-batch of each local chunk, nothing recomputed
-        chunk_bytes = kept - recomputed[r::pp] @ u["kind_dropped"]
-        held = float((ctx.held[r] @ chunk_bytes).max()) + float(recompute_working_bytes(u, recomputed[r::pp].sum(axis=0)))
-        # the ledger (ctx.cfg_plain's, no recompute) holds in_flight chunks of the rank's mean kept chunk
-        mean_chunk = kept.sum() / vp
-        in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
-        ledger = rank_ledger(ctx, per_rank[r], r == 0, r == last_rank, int(mtp[r]), in_flight)
-        peaks.append(_scalar(ledger.peak))
-    peaks = np.array(peaks)
+    peaks = np.array([rank_peak_bytes(ctx, r, chunks[r], recomputed[r::pp], r == last_rank, int(mtp[r])) for r in range(pp)])
     f, b = forward.reshape(vp, pp).T, backward.reshape(vp, pp).T
     makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
     pp_exposed = layout_pp_exposed(ctx, forward, backward, work)

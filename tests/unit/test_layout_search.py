@@ -215,7 +215,8 @@ def test_local_search_improves_and_fits(tmp_path):
     ctx = context(tmp_path, 2, 2, 39000)
     scored = [(s.pipeline_s - s.pp_exposed_s, layout) for layout, s in enumerate_layouts(ctx) if s.fits]
     worst_value, worst = max(scored, key=lambda x: x[0])
-    decoders, value, paths = local_search(ctx, worst.decoders, 5.0)
+    decoders, value, paths, recompute = local_search(ctx, worst.decoders, 5.0)
+    assert recompute == (0,) * 4  # the skeleton has no full recompute
     found = score_layout(ctx, StageLayout(pp=2, vp=2, decoders=decoders, mtp=worst.mtp))
     assert found.fits
     assert value == pytest.approx(found.pipeline_s - found.pp_exposed_s, rel=1e-12)
