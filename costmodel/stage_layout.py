@@ -147,6 +147,11 @@ class StageLayout(BaseModel):
         return n if all(r == min(n, d) for r, d in zip(self.recompute, self.decoders)) else None
 
     def with_recompute(self, recompute) -> "StageLayout":
+        """This layout with these per-stage recompute counts (LayoutError where a count is
+        negative or above its stage's layers)."""
+        recompute = tuple(int(r) for r in recompute)
+        if len(recompute) != self.stages or any(not 0 <= r <= n for r, n in zip(recompute, self.decoders)):
+            raise LayoutError(f"recompute counts must be one per stage, each between 0 and the stage's decoder layers: {recompute}")
         return StageLayout(pp=self.pp, vp=self.vp, decoders=self.decoders, mtp=self.mtp, recompute=tuple(int(r) for r in recompute))
 
     def to_megatron(self) -> str:
