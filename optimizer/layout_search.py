@@ -1079,18 +1079,56 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     return first, second
 
 
+def own_layout(ctx: LayoutContext) -> StageLayout:
+    """The configuration's own Megatron split (costmodel.stage_layout.megatron_layout) with its
+    own recompute: block N recomputes min(N, layers) of every stage; uniform recomputes every
+    layer (its groups of N > 1 keep fewer inputs, which per-stage counts do not express: the
+    layout model scores them as N = 1)."""
+    from costmodel.stage_layout import megatron_layout
+
+    cfg, m = ctx.cfg, ctx.problem.model
+    own = megatron_layout(m.num_layers, m.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
+    if not ctx.recompute_allowed:
+        return own
+    n = int(cfg.recompute_layers[0]) if int(cfg.recompute_method[0]) == 1 else max(own.decoders)
+    return own.with_recompute([min(n, d) for d in own.decoders])
+
+
+def launch_recompute(layout: StageLayout) -> dict:
+    """The launch plan's recompute fields for a layout whose recompute counts one N gives
+    (StageLayout.uniform_recompute): block method with that N (Megatron's
+    --recompute-num-layers, the first N layers of every virtual stage), none where N = 0."""
+    n = layout.uniform_recompute()
+    if n is None:
+        raise LayoutError(f"recompute counts {layout.recompute} are not min(N, layers) for one N: Megatron cannot launch them")
+    if n == 0:
+        return {"recompute": "none", "recompute_method": None, "recompute_num_layers": None}
+    return {"recompute": "full", "recompute_method": "block", "recompute_num_layers": n}
+
+
 def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) -> tuple[dict, StageLayout | None]:
     """The layout search on one solved configuration (`mofa solve --pipeline-layouts`): a JSON
     report and the layout to launch (None where the search is refused or finds nothing better
     than the configuration's own Megatron split). Step times here are the simulated
-    schedule's (costmodel.stage_layout), the split's and the layout's alike."""
-    from costmodel.stage_layout import megatron_layout, space_size
+    schedule's (costmodel.stage_layout), the split's and the layout's alike.
+    With full recompute in the configuration the layouts also choose how many layers of each
+    stage to recompute. Megatron takes one --recompute-num-layers N for every stage (block
+    method: r_s = min(N, layers_s)); where the best layout's counts are not of that form, the
+    report says so (`recompute_expressible`: false), keeps it as `best_any_recompute`, and
+    searches the best layout with one N (two thirds of the time go to the free search, the
+    rest to this one), which is the answer reported and launched."""
+    from costmodel.stage_layout import space_size
 
     try:
         ctx = layout_context(problem, cfg)
-        own = megatron_layout(problem.model.num_layers, problem.model.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
+        own = own_layout(ctx)
         own_score = score_layout(ctx, own)
-        regular_solution, solution = two_phase(ctx, time_limit_s, workers, (own,))
+        start = time.perf_counter()
+        regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,))
+        free = solution
+        if ctx.recompute_allowed and solution.layout.uniform_recompute() is None:
+            remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
+            solution = solve_layout(ctx, remaining, workers, seeds=(own, solution.layout), uniform_recompute=True)
     except LayoutError as exc:
         return {"refused": str(exc)}, None
     better = solution.step_time_s < own_score.step_time_s * (1 - 1e-9) or (solution.fits and not own_score.fits)
@@ -1105,10 +1143,22 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         "gap": solution.gap,
         "optimal": solution.optimal,
         "rounds": solution.rounds,
-        "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0),
+        "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0) + (free.solve_s if free is not solution else 0.0),
         "regular": None if regular_solution is None else {
             "note": "among layouts whose chunks on one rank differ by at most one layer",
             "step_time_s": regular_solution.step_time_s, "optimal": regular_solution.optimal, "gap": regular_solution.gap},
-        "space_size": float(space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp)),
+        "space_size": float(space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp, ctx.recompute_allowed)),
     }
+    if ctx.recompute_allowed:
+        report.update({
+            "recompute": list(solution.layout.recompute),
+            "recompute_num_layers": solution.layout.uniform_recompute(),
+            "recompute_expressible": free is solution,
+            "megatron_split_recompute": list(own.recompute),
+        })
+        if free is not solution:
+            report["best_any_recompute"] = {
+                "note": "per-stage recompute counts that no one --recompute-num-layers gives: not launchable by Megatron",
+                "layout": free.layout.to_megatron(), "recompute": list(free.layout.recompute), "step_time_s": free.step_time_s,
+                "optimal": free.optimal, "gap": free.gap}
     return report, solution.layout if better else None

@@ -335,3 +335,27 @@ def test_linear_layouts_with_recompute(tmp_path, recompute_layouts):
         assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
         assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
         assert fits[k] == score.fits
+
+
+def test_layout_report_states_whether_megatron_can_launch_the_recompute(tmp_path):
+    """At 44000 MiB on pp 4 x vp 1 (Megatron's split: 1, 2, 2, 2 layers) the best per-stage
+    recompute is no min(N, layers): the report says so, keeps it aside, and reports (and would
+    launch) the best layout with one N, which is slower but launchable; launch_recompute turns
+    it into Megatron's block method."""
+    from optimizer.layout_search import launch_recompute, layout_report
+
+    ctx = recompute_context(tmp_path, 4, 1, 44000)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=4, vp=1, ep=8, mbs=1, first_layers=1, last_layers=2, zero_stage=1,
+                                   recompute=2, recompute_method=1, recompute_layers=1)
+    report, layout = layout_report(ctx.problem, cfg, time_limit_s=20)
+    assert report["recompute_expressible"] is False
+    other = report["best_any_recompute"]
+    assert other["step_time_s"] < report["step_time_s"]
+    n = report["recompute_num_layers"]
+    assert n is not None and report["recompute"] == [min(n, d) for d in layout.decoders]
+    assert layout is not None and layout.recompute == tuple(report["recompute"])  # the configuration's own split does not fit
+    assert not report["megatron_split_fits"] and report["applied"]
+    assert launch_recompute(layout) == ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": n} if n else
+                                        {"recompute": "none", "recompute_method": None, "recompute_num_layers": None})
+    with pytest.raises(LayoutError, match="one N"):
+        launch_recompute(layout.with_recompute(other["recompute"]))
