@@ -29,10 +29,25 @@ Exposed P2P and the step-level DP and optimizer terms are the skeleton's (layout
 here: the P2P hops hide behind the mean chunk; DP and the update are taken from the
 configuration's own split, an approximation where a layout moves parameters between ranks).
 
-Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no full recompute, no
-activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
-reason. Those features make a rank's memory depend on its layers in ways the linear layout
-search (optimizer.layout_search) does not model yet.
+Per-stage full recompute (`StageLayout.recompute`): where the skeleton has full recompute (any
+method and N), a layout says how many decoder layers of each stage are fully recomputed, its
+first r (Megatron's block method, so their kinds follow from position). A recomputed layer
+costs what the exact model charges under full recompute, read off the skeleton's own layer
+costs (`LayoutContext.lc_full`, `unit_costs`): its backward re-runs its forward
+(costmodel.evaluate's recompute term), it keeps only its input per in-flight micro-batch, and
+while it is recomputed one layer's complete set is live (costmodel.memory's block-method
+working set; once per rank, of the largest kind it recomputes). The other layers cost what the
+skeleton without full recompute charges (`LayoutContext.cfg_plain`, whose ledger every rank's
+peak is read from). A layout recomputing min(N, layers) of every stage scores as the
+configuration with block N, and one recomputing nothing as recompute none
+(tests/unit/test_stage_layout.py). The step-level DP and update terms stay the skeleton's.
+Megatron takes one --recompute-num-layers for every chunk: `StageLayout.uniform_recompute`
+says which N a layout's counts are, if any.
+
+Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no activation offload, no
+FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those features
+make a rank's memory depend on its layers in ways the linear layout search
+(optimizer.layout_search) does not model yet.
 """
 
 from __future__ import annotations

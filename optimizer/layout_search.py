@@ -18,6 +18,14 @@ off the exact ledger by probing it (no formula is copied), and the answer is re-
 
 Layer kinds: a stage holds a contiguous run of the model's layers, so with prefix sums P_s the
 layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
+
+Recompute (skeletons with full recompute): an integer r_s per stage, 0 <= r_s <= t_s, the
+stage's first r_s layers, so the recomputed layers of kind-run [a, b) are
+clip(P_{s-1} + r_s, a, b) - clip(P_{s-1}, a, b); each adds its recompute to the stage's
+backward and takes what it does not keep off every memory row, and a rank that recomputes adds
+one layer's working set (costmodel.stage_layout). `uniform_recompute` ties r_s = min(N, t_s)
+to one N, what Megatron launches. The local search also moves r_s by one; the stage DP and the
+enumeration cover every recompute count.
 """
 
 from __future__ import annotations
@@ -637,6 +645,13 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 model.AddMinEquality(q, [high, b])
                 row.append(q - (clipped[j][s - 1] if s else a))
             rc_counts.append(row)
+            # implied, but the LP relaxation of the clips above lets a run's recomputed count go
+            # negative, which prices recompute below nothing and takes the bound down by a third
+            # (DeepSeek-V3 pp 16 x vp 2: 42 s instead of 60.7 s); stated, the bound holds
+            for j in range(len(runs)):
+                model.Add(row[j] >= 0)
+                model.Add(row[j] <= run_counts[s][j])
+            model.Add(sum(row) == rc[s])
 
     # forward and backward ns of each stage (chunk_times' composition, integer coefficients)
     mtp = np.zeros(stages)
@@ -682,7 +697,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             model.Add(total[k] == sum(run_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
         per_layer = {k: fwd[kind_of_run.index(k)] + bwd[kind_of_run.index(k)] for k in kinds_used}
         const = sum(int(round(const_f[s] * TIME_SCALE)) + int(round(const_b[s] * TIME_SCALE)) for s in mine)
-        recomputing = sum(rec[j] * rc_counts[s][j] for s in mine for j in range(len(runs))) if recompute else 0
+        recomputing = 0
+        if recompute:  # the rank's recomputed layers of each kind, integer totals like its layers
+            for k in kinds_used:
+                again = model.NewIntVar(0, n_layers, f"R{r}_{k}")
+                model.Add(again == sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
+                recomputing += rec[kind_of_run.index(k)] * again
         model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing))
     best, best_score = None, None
 
