@@ -639,6 +639,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         for s in range(stages):
             row = []
             for j, (_, a, b) in enumerate(runs):
+                if j == len(runs) - 1:  # the last run: what the others leave of r_s (half the clips)
+                    row.append(rc[s] - sum(row))
+                    continue
                 high = model.NewIntVar(a, n_layers, f"rh{j}_{s}")
                 model.AddMaxEquality(high, [(prefix[s - 1] if s else 0) + rc[s], a])
                 q = model.NewIntVar(a, b, f"rq{j}_{s}")
