@@ -11,6 +11,12 @@ costmodel.stage_layout), the exact model's step time of the layout it returns (s
 simulated op by op) with the proven gap, and the same for Megatron's layouts: the even split by
 count and the first/last-stage heuristics (Llama 3's embedding/loss accounting; DeepSeek-V3's
 Megatron-LM recipe with its MTP module moved onto the last stage, which the model requires).
+
+With per-chunk recompute (the cases marked so: the skeleton has full recompute, so each stage
+also chooses how many of its layers to recompute, Megatron's block method per chunk) the space
+counts every recompute vector too, the baselines recompute nothing and everything, and a fourth
+search keeps one --recompute-num-layers N for every chunk (r_s = min(N, layers_s): what Megatron
+launches; layout_report reports it where the per-chunk answer is no one N).
 """
 
 from __future__ import annotations
@@ -50,10 +56,25 @@ def cases():
     llama_baselines = {"even by count": balanced_layout(126, 0, 16, 8), "first/last -1 (Llama 3, embedding+loss)": megatron_layout(126, 0, 16, 8, 7, 7)}
     yield "Llama 3 405B, 16384 H100, tp8 cp2 pp16 vp8", llama, ConfigBatch.from_columns(16384, cp=2, **common), llama_baselines
     yield "Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8", llama, ConfigBatch.from_columns(16384, **common), llama_baselines
+    full = dict(recompute=2, recompute_method=1, recompute_layers=1)  # block method; the layouts choose N per chunk
+    yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, per-chunk recompute", llama, ConfigBatch.from_columns(16384, **common, **full),
+           with_recompute_baselines(llama_baselines))
     ds = load_problem(os.path.join(ROOT, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"])
-    cfg = ConfigBatch.from_columns(2048, tp=4, pp=16, vp=2, ep=64, mbs=1, first_layers=4, last_layers=3, zero_stage=1, pp_overlap=1, dp_overlap=1)
+    ds_common = dict(tp=4, pp=16, vp=2, ep=64, mbs=1, first_layers=4, last_layers=3, zero_stage=1, pp_overlap=1, dp_overlap=1)
     ds_baselines = {"even by count": balanced_layout(61, 1, 16, 2), "first/last (Megatron-LM recipe)": StageLayout.from_megatron("Et*3|(tt|)*29,|mL", 16, 2)}
-    yield "DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64", ds, cfg, ds_baselines
+    yield "DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64", ds, ConfigBatch.from_columns(2048, **ds_common), ds_baselines
+    yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64, per-chunk recompute", ds,
+           ConfigBatch.from_columns(2048, **ds_common, **full), with_recompute_baselines(ds_baselines))
+
+
+def with_recompute_baselines(baselines: dict) -> dict:
+    """Each baseline recomputing nothing and recomputing every layer (--recompute-num-layers
+    at least the largest chunk)."""
+    out = {}
+    for label, layout in baselines.items():
+        out[label + ", no recompute"] = layout
+        out[label + ", all recomputed"] = layout.with_recompute(layout.decoders)
+    return out
 
 
 def describe(score) -> str:
@@ -71,16 +92,22 @@ def main() -> None:
         ctx = layout_context(problem, cfg)
         setup = time.perf_counter() - t0
         n, stages = len(ctx.kind_of_layer), ctx.pp * ctx.vp
-        print(f"\n{name}: {n} layers over {stages} stages, {ctx.microbatches} micro-batches; layout space {float(space_size(n, stages)):.2e}")
+        n_layers = n
+        recompute = ctx.recompute_allowed
+        print(f"\n{name}: {n} layers over {stages} stages, {ctx.microbatches} micro-batches; layout space "
+              f"{float(space_size(n, stages, recompute)):.2e}" + (" (layer and recompute counts per stage)" if recompute else ""))
         scores = {}
         for label, layout in baselines.items():
             scores[label] = score_layout(ctx, layout)
-            print(f"  {label:42s} {describe(scores[label])}")
+            print(f"  {label:58s} {describe(scores[label])}")
         seeds = tuple(baselines.values())
         searches = [("regular layouts (chunks of a rank within 1 layer)",
                      lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=tuple(b for b in seeds if regular(b, 1)), chunk_spread=1)),
                     ("free layouts", lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=seeds)),
                     ("regular (at most half the time) then free (mofa solve --pipeline-layouts)", lambda: two_phase(ctx, args.time_limit, args.workers, seeds)[1])]
+        if recompute:
+            searches.append(("free layouts, one --recompute-num-layers N for every chunk (exportable)",
+                             lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=seeds, uniform_recompute=True)))
         for label, search in searches:
             t_search = time.perf_counter()
             try:
@@ -100,6 +127,10 @@ def main() -> None:
                 else:
                     print(f"    {base}: does not fit" + ("; this layout does" if best.fits else ""))
             print(f"    --pipeline-model-parallel-layout {sol.layout.to_megatron()}")
+            if recompute:
+                n = sol.layout.uniform_recompute()
+                export = f"--recompute-method block --recompute-num-layers {n}" if n else ("none" if n == 0 else "no one --recompute-num-layers gives it")
+                print(f"    recompute per stage {list(sol.layout.recompute)} ({sum(sol.layout.recompute)} of {n_layers} layers): {export}")
 
 
 if __name__ == "__main__":

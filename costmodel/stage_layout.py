@@ -29,10 +29,25 @@ Exposed P2P and the step-level DP and optimizer terms are the skeleton's (layout
 here: the P2P hops hide behind the mean chunk; DP and the update are taken from the
 configuration's own split, an approximation where a layout moves parameters between ranks).
 
-Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no full recompute, no
-activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
-reason. Those features make a rank's memory depend on its layers in ways the linear layout
-search (optimizer.layout_search) does not model yet.
+Per-stage full recompute (`StageLayout.recompute`): where the skeleton has full recompute (any
+method and N), a layout says how many decoder layers of each stage are fully recomputed, its
+first r (Megatron's block method, so their kinds follow from position). A recomputed layer
+costs what the exact model charges under full recompute, read off the skeleton's own layer
+costs (`LayoutContext.lc_full`, `unit_costs`): its backward re-runs its forward
+(costmodel.evaluate's recompute term), it keeps only its input per in-flight micro-batch, and
+while it is recomputed one layer's complete set is live (costmodel.memory's block-method
+working set; once per rank, of the largest kind it recomputes). The other layers cost what the
+skeleton without full recompute charges (`LayoutContext.cfg_plain`, whose ledger every rank's
+peak is read from). A layout recomputing min(N, layers) of every stage scores as the
+configuration with block N, and one recomputing nothing as recompute none
+(tests/unit/test_stage_layout.py). The step-level DP and update terms stay the skeleton's.
+Megatron takes one --recompute-num-layers for every chunk: `StageLayout.uniform_recompute`
+says which N a layout's counts are, if any.
+
+Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no activation offload, no
+FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those features
+make a rank's memory depend on its layers in ways the linear layout search
+(optimizer.layout_search) does not model yet.
 """
 
 from __future__ import annotations
@@ -73,6 +88,16 @@ class StageLayout(BaseModel):
     vp: int
     decoders: tuple[int, ...]
     mtp: tuple[int, ...]
+    # decoder layers of each stage fully recomputed: its first r (Megatron's block method), so
+    # their kinds follow from position; () means none anywhere (filled with zeros)
+    recompute: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_recompute(cls, data):
+        if isinstance(data, dict) and not data.get("recompute"):
+            data = {**data, "recompute": (0,) * len(data.get("decoders", ()))}
+        return data
 
     @model_validator(mode="after")
     def _check(self):
@@ -83,6 +108,8 @@ class StageLayout(BaseModel):
             raise LayoutError(f"a layout of pp={self.pp} x vp={self.vp} needs {stages} stages, got {len(self.decoders)}")
         if min(self.decoders) < 0 or min(self.mtp) < 0:
             raise LayoutError("layer counts must be >= 0")
+        if len(self.recompute) != stages or any(not 0 <= r <= n for r, n in zip(self.recompute, self.decoders)):
+            raise LayoutError(f"recompute counts must be one per stage, each between 0 and the stage's decoder layers: {self.recompute}")
         last_decoder = max((s for s, n in enumerate(self.decoders) if n), default=-1)
         first_mtp = min((s for s, n in enumerate(self.mtp) if n), default=stages)
         if first_mtp < last_decoder:
@@ -111,6 +138,36 @@ class StageLayout(BaseModel):
         edges = np.concatenate([[0], np.cumsum(self.decoders)])
         kinds = np.asarray(kind_of_layer)
         return np.array([np.bincount(kinds[edges[s]:edges[s + 1]], minlength=num_kinds) for s in range(self.stages)], dtype=float).reshape(self.stages, num_kinds)
+
+    def recompute_kind_counts(self, kind_of_layer: list[int], num_kinds: int) -> np.ndarray:
+        """[stage, kind] fully recomputed decoder layers of each kind: a stage's first
+        `recompute[s]` layers (Megatron's block method)."""
+        edges = np.concatenate([[0], np.cumsum(self.decoders)])
+        kinds = np.asarray(kind_of_layer)
+        return np.array([np.bincount(kinds[edges[s]:edges[s] + self.recompute[s]], minlength=num_kinds) for s in range(self.stages)],
+                        dtype=float).reshape(self.stages, num_kinds)
+
+    @property
+    def any_recompute(self) -> bool:
+        return any(self.recompute)
+
+    def uniform_recompute(self) -> int | None:
+        """The one --recompute-num-layers N (block method) that gives every stage this layout's
+        recompute counts, r_s = min(N, layers_s); the smallest such N, None where no N does
+        (Megatron takes one N for every chunk)."""
+        candidates = {r for r, n in zip(self.recompute, self.decoders) if r < n}
+        if len(candidates) > 1:
+            return None
+        n = candidates.pop() if candidates else max(self.recompute, default=0)
+        return n if all(r == min(n, d) for r, d in zip(self.recompute, self.decoders)) else None
+
+    def with_recompute(self, recompute) -> "StageLayout":
+        """This layout with these per-stage recompute counts (LayoutError where a count is
+        negative or above its stage's layers)."""
+        recompute = tuple(int(r) for r in recompute)
+        if len(recompute) != self.stages or any(not 0 <= r <= n for r, n in zip(recompute, self.decoders)):
+            raise LayoutError(f"recompute counts must be one per stage, each between 0 and the stage's decoder layers: {recompute}")
+        return StageLayout(pp=self.pp, vp=self.vp, decoders=self.decoders, mtp=self.mtp, recompute=tuple(int(r) for r in recompute))
 
     def to_megatron(self) -> str:
         """Megatron-Core's --pipeline-model-parallel-layout, every stage written out."""
@@ -213,8 +270,10 @@ class LayoutContext:
     the step's non-pipeline terms."""
 
     problem: Problem
-    cfg: ConfigBatch
-    lc: object
+    cfg: ConfigBatch  # the skeleton
+    cfg_plain: ConfigBatch  # the skeleton without full recompute: what the memory ledger of a layout reads
+    lc: object  # per-kind costs of layers that keep their activations (cfg_plain's)
+    lc_full: object | None  # per-kind costs under the skeleton's full recompute (None: the skeleton has none, nothing is recomputed)
     kinds: list
     kind_of_layer: list[int]
     mtp_kind: int | None
@@ -230,6 +289,12 @@ class LayoutContext:
     @property
     def pp(self) -> int:
         return int(self.cfg.pp[0])
+
+    @property
+    def recompute_allowed(self) -> bool:
+        """Whether layouts may fully recompute layers: the skeleton has full recompute (any
+        method and N), which the layout replaces by its per-stage counts."""
+        return self.lc_full is not None
 
     @property
     def vp(self) -> int:
@@ -249,14 +314,23 @@ def check_supported(cfg: ConfigBatch) -> None:
     if cfg.zero_stage[0] > 1:
         problems.append(f"zero_stage {int(cfg.zero_stage[0])} (supported: 0, 1)")
     x = cfg.derived()
-    if x.any_full_recompute:
-        problems.append("full recompute")
     if x.any_offload:
         problems.append("activation offload")
     if cfg.moe_chunks[0] != 1:
         problems.append("FCDA moe_chunks")
     if problems:
         raise LayoutError("layout search does not model " + ", ".join(problems))
+
+
+def without_full_recompute(cfg: ConfigBatch) -> ConfigBatch:
+    """The configuration with full recompute switched off (recompute none, no method, no N);
+    every other field kept."""
+    zero = np.zeros(len(cfg))
+    columns = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    full = cfg.recompute == 2
+    columns.update(recompute=np.where(full, 0.0, cfg.recompute), recompute_method=np.where(full, 0.0, cfg.recompute_method),
+                   recompute_layers=np.where(full, zero, cfg.recompute_layers))
+    return ConfigBatch(**columns)
 
 
 def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
@@ -271,7 +345,12 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     micro = float(base.microbatches[0])
     if micro != int(micro) or micro < 1:
         raise LayoutError(f"the configuration runs {micro} micro-batches per step: not an integer")
-    lc = layer_costs(problem, cfg)
+    # a layout's layers are either recomputed or keep their activations: the costs of both kinds
+    # come from the exact model, on the skeleton as it is (full recompute) and without it
+    full = cfg.derived().any_full_recompute
+    plain = without_full_recompute(cfg) if full else cfg
+    lc = layer_costs(problem, plain)
+    lc_full = layer_costs(problem, cfg) if full else None
     kinds = model_kinds(m, tr)
     net = Network(hw, cl)
     groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
@@ -282,7 +361,7 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     held = held_chunks(sim_schedule, pp, vp, int(micro), sim_group)
     rest = float(base.breakdown_s["dp"][0] + base.breakdown_s["update"][0])
     return LayoutContext(
-        problem=problem, cfg=cfg, lc=lc, kinds=kinds, kind_of_layer=kind_of_layers(m, tr),
+        problem=problem, cfg=cfg, cfg_plain=plain, lc=lc, lc_full=lc_full, kinds=kinds, kind_of_layer=kind_of_layers(m, tr),
         mtp_kind=kinds.index(mtp_kind(m, tr)) if m.mtp_layers else None, microbatches=int(micro),
         chunk_overhead_s=hw.efficiency.stage_overhead_us * US, mc=mc, communicators=communicator_count(cfg, cfg.derived(), m.moe is not None),
         hop_s=float(net.p2p_hop(lc.hop_bytes, groups.pp)[0]), held=held,
@@ -320,13 +399,30 @@ def unit_costs(ctx: LayoutContext) -> dict:
     rank (costmodel.evaluate): per layer kind its forward and forward+backward time and its
     activation bytes; the embedding's and the head's forward and both passes; one MTP module's
     extra (projection and its own head); the fixed overhead of a chunk. Linear in the counts,
-    so the layout search uses these numbers directly."""
+    so the layout search uses these numbers directly.
+    A fully recomputed layer of a kind, from the skeleton's costs under full recompute
+    (ctx.lc_full) as costmodel.evaluate and costmodel.memory compose them: its backward re-runs
+    its forward (`kind_recompute`: the extra over a plain layer's both passes), per micro-batch
+    in flight it keeps its input instead of its activations (`kind_dropped`: the bytes it saves),
+    and while its backward recomputes it, one layer's complete set is live (`kind_working`,
+    once per rank: recompute_working_bytes). Zero where the skeleton has no full recompute."""
     lc = ctx.lc
     k_total = np.array([_scalar(k.total) for k in lc.kinds])
+    k_act = np.array([_scalar(k.activation) for k in lc.kinds])
+    if ctx.lc_full is not None:
+        full = ctx.lc_full.kinds
+        recompute = np.array([_scalar(k.total + k.forward) for k in full]) - k_total
+        dropped = k_act - np.array([_scalar(k.input_bytes) for k in full])
+        working = np.array([_scalar(k.saved_full) for k in full])
+    else:
+        recompute = dropped = working = np.zeros(len(lc.kinds))
     return {
         "kind_forward": np.array([_scalar(k.forward) for k in lc.kinds]),
         "kind_total": k_total,
-        "kind_activation": np.array([_scalar(k.activation) for k in lc.kinds]),
+        "kind_activation": k_act,
+        "kind_recompute": recompute,
+        "kind_dropped": dropped,
+        "kind_working": working,
         "embedding_forward": _scalar(lc.embedding_f),
         "embedding_total": _scalar(lc.embedding_f + lc.embedding_b),
         "head_forward": _scalar(lc.head_forward),
@@ -344,17 +440,30 @@ def stage_times(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np
         counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
     first = np.arange(layout.stages) == 0
     last = np.arange(layout.stages) == layout.stages - 1
-    return chunk_times(unit_costs(ctx), counts, np.asarray(layout.mtp, dtype=float), first, last)
+    recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+    return chunk_times(unit_costs(ctx), counts, np.asarray(layout.mtp, dtype=float), first, last, recomputed)
 
 
-def chunk_times(u: dict, counts: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def chunk_times(u: dict, counts: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray,
+                recomputed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of chunks with these [chunk, kind] layer counts (MTP
     layers included), MTP modules and edge modules, from `unit_costs`. As costmodel.evaluate
     composes a rank: the forward holds the layers' forwards, the embedding, the head's forward
-    and one chunk overhead; the backward everything else."""
+    and one chunk overhead; the backward everything else, with the recompute of the
+    [chunk, kind] `recomputed` layers."""
     forward = counts @ u["kind_forward"] + first * u["embedding_forward"] + last * u["head_forward"] + u["overhead"]
     total = counts @ u["kind_total"] + first * u["embedding_total"] + last * u["head_total"] + mtp * u["mtp_extra"] + 2.0 * u["overhead"]
+    if recomputed is not None:
+        total = total + recomputed @ u["kind_recompute"]
     return forward, total - forward
+
+
+def recompute_working_bytes(u: dict, recomputed: np.ndarray) -> np.ndarray:
+    """The working set a rank holds on top of its in-flight activations while a recomputed
+    layer runs its backward: one layer's complete saved set, of the largest kind the rank
+    recomputes (costmodel.memory's block-method `working`), 0 where it recomputes nothing.
+    `recomputed`: [..., kind] the rank's recomputed layers."""
+    return ((np.asarray(recomputed) > 0) * u["kind_working"]).max(axis=-1, initial=0.0)
 
 
 def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: bool, mtp_layers: int, in_flight: float, lc=None):
@@ -362,7 +471,24 @@ def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: 
     kinds, MTP layers included) with `in_flight` average chunks of activations."""
     lc = ctx.lc if lc is None else lc
     rank = RankLayers([np.array([float(c)]) for c in kind_counts], first, np.array([last]))
-    return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg, ctx.cfg.derived(), ctx.mc, ctx.communicators, mtp_layers)
+    return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg_plain, ctx.cfg_plain.derived(), ctx.mc, ctx.communicators, mtp_layers)
+
+
+def rank_peak_bytes(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomputed: np.ndarray, last: bool, mtp_layers: int) -> float:
+    """The exact ledger's peak of a rank whose local chunks hold these [chunk, kind] layers
+    (MTP included) and recompute these [chunk, kind] ones: its activations at the peak are the
+    largest in-flight vector of ctx.held weighted by each chunk's bytes (a recomputed layer
+    keeps its input, the others their activations) plus the working set of a recomputed layer
+    (recompute_working_bytes), handed to the ledger of ctx.cfg_plain (no recompute) as that
+    many of the rank's mean chunks in flight."""
+    u = unit_costs(ctx)
+    kept = chunks @ u["kind_activation"]  # [chunk] one micro-batch of each local chunk, nothing recomputed
+    chunk_bytes = kept - recomputed @ u["kind_dropped"]
+    held = float((ctx.held[rank] @ chunk_bytes).max()) + float(recompute_working_bytes(u, recomputed.sum(axis=0)))
+    mean_chunk = kept.sum() / len(kept)
+    in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
+    ledger = rank_ledger(ctx, chunks.sum(axis=0), rank == 0, last, mtp_layers, in_flight)
+    return _scalar(ledger.peak)
 
 
 def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -387,19 +513,13 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     last_rank = (layout.stages - 1) % pp
     if any(n and r != last_rank for r, n in ((s % pp, layout.mtp[s]) for s in range(layout.stages))):
         raise LayoutError("MTP modules on a rank without the head and loss are not modelled: put them on the last rank")
+    if layout.any_recompute and not ctx.recompute_allowed:
+        raise LayoutError("the layout recomputes layers, the configuration has no full recompute")
     forward, backward = stage_times(ctx, layout)
     work = np.array([(forward + backward)[r::pp].sum() for r in range(pp)])
     per_rank, mtp, chunks = rank_counts(ctx, layout)
-    act = unit_costs(ctx)["kind_activation"]
-    peaks = []
-    for r in range(pp):
-        chunk_bytes = chunks[r] @ act  # [vp] one micro-batch of each local chunk
-        held = float((ctx.held[r] @ chunk_bytes).max())
-        mean_chunk = chunk_bytes.sum() / vp
-        in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
-        ledger = rank_ledger(ctx, per_rank[r], r == 0, r == last_rank, int(mtp[r]), in_flight)
-        peaks.append(_scalar(ledger.peak))
-    peaks = np.array(peaks)
+    recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+    peaks = np.array([rank_peak_bytes(ctx, r, chunks[r], recomputed[r::pp], r == last_rank, int(mtp[r])) for r in range(pp)])
     f, b = forward.reshape(vp, pp).T, backward.reshape(vp, pp).T
     makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
     pp_exposed = layout_pp_exposed(ctx, forward, backward, work)
@@ -435,6 +555,9 @@ def layout_pp_exposed(ctx: LayoutContext, forward: np.ndarray, backward: np.ndar
     return _scalar(pipe.pp_exposed)
 
 
-def space_size(num_layers: int, stages: int) -> int:
-    """Layouts of L decoder layers over S stages, any stage possibly empty: C(L + S - 1, S - 1)."""
-    return math.comb(num_layers + stages - 1, stages - 1)
+def space_size(num_layers: int, stages: int, recompute: bool = False) -> int:
+    """Layouts of L decoder layers over S stages, any stage possibly empty: C(L + S - 1, S - 1).
+    With a recompute count per stage (0..its layers), each stage is two bins, its recomputed
+    layers and the rest: C(L + 2S - 1, 2S - 1)."""
+    bins = 2 * stages if recompute else stages
+    return math.comb(num_layers + bins - 1, bins - 1)

@@ -18,6 +18,14 @@ off the exact ledger by probing it (no formula is copied), and the answer is re-
 
 Layer kinds: a stage holds a contiguous run of the model's layers, so with prefix sums P_s the
 layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
+
+Recompute (skeletons with full recompute): an integer r_s per stage, 0 <= r_s <= t_s, the
+stage's first r_s layers, so the recomputed layers of kind-run [a, b) are
+clip(P_{s-1} + r_s, a, b) - clip(P_{s-1}, a, b); each adds its recompute to the stage's
+backward and takes what it does not keep off every memory row, and a rank that recomputes adds
+one layer's working set (costmodel.stage_layout). `uniform_recompute` ties r_s = min(N, t_s)
+to one N, what Megatron launches. The local search also moves r_s by one; the stage DP and the
+enumeration cover every recompute count.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from costmodel.stage_layout import (
     chunk_times,
     layout_context,
     rank_ledger,
+    rank_peak_bytes,
+    recompute_working_bytes,
     score_layout,
     unit_costs,
 )
@@ -203,11 +213,11 @@ def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
 
 
 class _Answers(cp_model.CpSolverSolutionCallback):
-    """Every distinct layout CP-SAT reports during one solve (the decoder counts)."""
+    """Every distinct layout CP-SAT reports during one solve (decoder counts, then recompute counts)."""
 
     def __init__(self, t):
         super().__init__()
-        self.t = t
+        self.t = t  # the variables of an answer
         self.answers = []
         self.seen = set()
 
@@ -295,6 +305,10 @@ class LinearLayouts:
         self.forward_s = u["kind_forward"][self.kind_of_run]
         self.backward_s = (u["kind_total"] - u["kind_forward"])[self.kind_of_run]
         self.act = u["kind_activation"][self.kind_of_run]
+        self.u = u
+        self.recompute_s = u["kind_recompute"][self.kind_of_run]  # a recomputed layer's extra backward seconds
+        self.dropped = u["kind_dropped"][self.kind_of_run]  # and the bytes it does not keep per micro-batch in flight
+        self.recompute = ctx.recompute_allowed
         self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
         self.frag = ctx.mc.fragmentation
         self.capacity = ctx.problem.hardware.memory_bytes
@@ -307,13 +321,34 @@ class LinearLayouts:
         high = np.array([b for _, _, b in self.runs])
         return np.clip(prefix[..., None], low, high) - np.clip(before[..., None], low, high)
 
-    def times(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]."""
-        return (counts @ self.forward_s + self.const_forward_s).T, (counts @ self.backward_s + self.const_backward_s).T
+    def recompute_counts(self, decoders: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+        """[K, stage, run] recomputed layers of each kind-run in each stage (a stage's first
+        `recompute` layers) of K layouts [K, stage]."""
+        before = np.cumsum(decoders, axis=1) - decoders
+        low = np.array([a for _, a, _ in self.runs])
+        high = np.array([b for _, _, b in self.runs])
+        return np.clip((before + recompute)[..., None], low, high) - np.clip(before[..., None], low, high)
 
-    def rank_rows(self, counts: np.ndarray) -> list[np.ndarray]:
+    def layout_counts(self, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(run counts, recomputed run counts) of K layouts [K, 2 * stage]: decoder counts then
+        recompute counts (the search's vector)."""
+        layouts = np.asarray(layouts, dtype=np.int64).reshape(-1, 2 * self.stages)
+        decoders, recompute = layouts[:, :self.stages], layouts[:, self.stages:]
+        return self.run_counts(decoders), self.recompute_counts(decoders, recompute)
+
+    def times(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]
+        (and recomputed run counts)."""
+        backward = counts @ self.backward_s + self.const_backward_s
+        if recomputed is not None:
+            backward = backward + recomputed @ self.recompute_s
+        return (counts @ self.forward_s + self.const_forward_s).T, backward.T
+
+    def rank_rows(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> list[np.ndarray]:
         """Per rank, [K, 1 + vectors] the peak bytes of each memory row (rank_memory_terms):
-        the optimizer transient's, then each in-flight vector's; the rank's peak is their max."""
+        the optimizer transient's, then each in-flight vector's; the rank's peak is their max.
+        Recomputed layers keep their input instead of their activations and add the working
+        set of the largest kind the rank recomputes (stage_layout.recompute_working_bytes)."""
         out = []
         pp = self.ctx.pp
         for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
@@ -321,13 +356,21 @@ class LinearLayouts:
             fixed = base0 + mine.sum(axis=1) @ base[self.kind_of_run]
             transient = trans0 + mine.sum(axis=1) @ trans[self.kind_of_run]
             held = self.ctx.held[r]  # [vectors, chunk]
-            activations = (mine @ self.act) @ held.T + held[:, -1][None, :] * mtp_act + head
+            chunk_bytes = mine @ self.act
+            working = 0.0
+            if recomputed is not None:
+                rmine = recomputed[:, r::pp, :]
+                chunk_bytes = chunk_bytes - rmine @ self.dropped
+                per_kind = np.zeros((len(counts), len(self.ctx.kinds)))
+                np.add.at(per_kind.T, self.kind_of_run, rmine.sum(axis=1).T)
+                working = recompute_working_bytes(self.u, per_kind)[:, None]
+            activations = chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head + working
             out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
         return out
 
-    def headroom(self, counts: np.ndarray) -> np.ndarray:
+    def headroom(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""
-        return np.stack([self.capacity - rows.max(axis=1) for rows in self.rank_rows(counts)], axis=1)
+        return np.stack([self.capacity - rows.max(axis=1) for rows in self.rank_rows(counts, recomputed)], axis=1)
 
     @functools.cached_property
     def layer_bytes(self) -> np.ndarray:
@@ -342,80 +385,136 @@ class LinearLayouts:
             out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[s % self.ctx.pp][:, s // self.ctx.pp].max()
         return out
 
-    def excess(self, counts: np.ndarray) -> np.ndarray:
+    def excess(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, rank] bytes of each rank's peak over the capacity (0 where it fits)."""
-        return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts)], axis=1)
+        return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts, recomputed)], axis=1)
 
-    def fits(self, counts: np.ndarray) -> np.ndarray:
+    def fits(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K] whether every rank's linear memory test passes."""
-        return (self.excess(counts) <= 0).all(axis=1)
+        return (self.excess(counts, recomputed) <= 0).all(axis=1)
 
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
                  lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
-                 max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]]]:
+                 max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32,
+                 start_recompute: tuple[int, ...] | None = None,
+                 uniform_recompute: bool = False) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]], tuple[int, ...]]:
     """Descent over single-layer moves from `start`: moves of one layer from any stage to any
     other (at most `max_moves`, ordered by how much they shorten the current longest path),
-    screened by the linear memory test, scored in batches on the schedule graph; the best
-    improving move of the first batch that has one is taken. A start that does not fit is
-    first repaired (least memory over the capacity, summed over ranks). Returns the best
-    layout's decoder counts, its makespan, and the longest
-    paths of the layouts it moved through and of the best neighbours of the last one (cuts
-    that are tight near the local optimum). Moves keep `min_layers` <= a stage <= `max_layers`
-    and, with `spread`, a rank's chunks within that many layers (solve_layout's constraints).
-    Deterministic (fixed seed)."""
+    and, where the skeleton allows full recompute, one more or one fewer recomputed layer in a
+    stage (with `uniform_recompute`, one more or fewer N for every stage: r_s = min(N, layers_s),
+    Megatron's one --recompute-num-layers), screened by the linear memory test, scored in
+    batches on the schedule graph; the best improving move of the first batch that has one is
+    taken. A layer move keeps the stages' recompute counts, clipped to their layers. A start
+    that does not fit is first repaired (least memory over the capacity, summed over ranks).
+    Returns the best layout's decoder counts, its makespan, the longest paths of the layouts it
+    moved through and of the best neighbours of the last one (cuts that are tight near the
+    local optimum), and its recompute counts. Moves keep `min_layers` <= a stage <=
+    `max_layers` and, with `spread`, a rank's chunks within that many layers (solve_layout's
+    constraints). Deterministic (fixed seed)."""
     t0 = time.perf_counter()
     lin = lin or LinearLayouts(ctx)
     graph = schedule_graph(ctx)
     stages = lin.stages
     rng = np.random.default_rng(0)
-    current = np.array(start, dtype=np.int64)
-    counts = lin.run_counts(current[None])
-    f, b = lin.times(counts)
+    decoders = np.array(start, dtype=np.int64)
+    recompute = np.zeros(stages, dtype=np.int64) if start_recompute is None else np.minimum(np.array(start_recompute, dtype=np.int64), decoders)
+    uniform = lin.recompute and uniform_recompute
+    level = int(recompute.max(initial=0))  # uniform: N
+    if uniform:
+        recompute = np.minimum(level, decoders)
+    current = np.concatenate([decoders, recompute])
+
+    def measure(layouts):
+        counts, recomputed = lin.layout_counts(layouts)
+        recomputed = recomputed if lin.recompute else None
+        return counts, recomputed
+
+    counts, recomputed = measure(current[None])
+    f, b = lin.times(counts, recomputed)
     value = float(graph.makespan(f, b)[0])
-    over = lin.excess(counts)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
-    headroom = lin.headroom(counts)[0]
+    over = lin.excess(counts, recomputed)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
+    headroom = lin.headroom(counts, recomputed)[0]
     paths = [graph.path(f[:, 0], b[:, 0])]
     main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
+    rank_of = np.arange(stages) % ctx.pp
+    # bytes one more recomputed layer of the main kind takes off its rank's peak (the most
+    # micro-batches its chunk has in flight times what it stops keeping)
+    drop_bytes = np.array([(1 + lin.frag) * lin.dropped[main_run] * ctx.held[s % ctx.pp][:, s // ctx.pp].max() for s in range(stages)])
     while time.perf_counter() - t0 < time_limit_s:
-        # every move of one layer from stage a to stage c, the most promising first: off a rank
-        # over its memory, then those that shorten the current longest path most (its ops on a
-        # minus its ops on c), ties at random
+        # every move, the most promising first: off a rank over its memory, then those that
+        # shorten the current longest path most, ties at random. A layer move from stage a to
+        # c gains (ops of the path on a minus on c) x a layer; a recompute move on stage a
+        # gains or loses the path's backward ops on a x a layer's recompute.
+        dec, rec = current[:stages], current[stages:]
         n_f, n_b = paths[-1]
-        weight = n_f * lin.forward_s[main_run] + n_b * lin.backward_s[main_run]
+        weight = n_f * lin.forward_s[main_run] + n_b * (lin.backward_s[main_run] + lin.recompute_s[main_run] * (rec > 0))
         a, c = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
-        ok = (a != c) & (current[a] > 0)
+        ok = (a != c) & (dec[a] > 0)
         a, c = a[ok], c[ok]
+        kind = np.zeros(len(a), dtype=np.int64)  # 0: a layer a -> c; 1: recompute one more on a; 2: one fewer
+        room = np.maximum(-headroom, 0.0)[rank_of]  # [stage] bytes over
+        free = np.maximum(headroom, 0.0)[rank_of]
+        gain = weight[a] - weight[c]
+        saved = np.minimum(lin.layer_bytes[a], room[a]) - np.maximum(lin.layer_bytes[c] - free[c], 0.0)
+        if lin.recompute:
+            slow = n_b * lin.recompute_s[main_run]
+            if uniform:
+                up, down = np.array([level < dec.max()]), np.array([level > 0])
+                up_gain, down_gain = -slow[dec > level].sum(), slow[dec >= level].sum() * (level > 0)
+                up_saved = np.minimum(drop_bytes, room)[dec > level].sum()
+                down_saved = -np.maximum(drop_bytes - free, 0.0)[(dec >= level) & (level > 0)].sum()
+                r_a = np.array([-1, -1])
+                r_kind = np.array([1, 2])
+                r_ok = np.concatenate([up, down])
+                r_gain, r_saved = np.array([up_gain, down_gain]), np.array([up_saved, down_saved])
+            else:
+                r_a = np.concatenate([np.arange(stages), np.arange(stages)])
+                r_kind = np.repeat([1, 2], stages)
+                r_ok = np.concatenate([rec < dec, rec > 0])
+                r_gain = np.concatenate([-slow, slow])
+                r_saved = np.concatenate([np.minimum(drop_bytes, room), -np.maximum(drop_bytes - free, 0.0)])
+            a = np.concatenate([a, r_a[r_ok]])
+            c = np.concatenate([c, r_a[r_ok]])
+            kind = np.concatenate([kind, r_kind[r_ok]])
+            gain = np.concatenate([gain, r_gain[r_ok]])
+            saved = np.concatenate([saved, r_saved[r_ok]])
         if over.sum() > 0:
             # repairing: the moves that take most bytes off the ranks over their capacity for
             # the fewest they add where there is no room (a layer weighs more on a chunk with
             # more micro-batches in flight: the first chunks of the first ranks)
-            rank_of = np.arange(stages) % ctx.pp
-            room = np.maximum(-headroom, 0.0)[rank_of]  # [stage] bytes over
-            free = np.maximum(headroom, 0.0)[rank_of]
-            saved = np.minimum(lin.layer_bytes[a], room[a]) - np.maximum(lin.layer_bytes[c] - free[c], 0.0)
-            order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c]), -saved))[:max_moves]
+            order = np.lexsort((rng.permutation(len(a)), -gain, -saved))[:max_moves]
         else:
-            order = np.lexsort((rng.permutation(len(a)), -(weight[a] - weight[c])))[:max_moves]
-        moves = list(zip(a[order].tolist(), c[order].tolist()))
+            order = np.lexsort((rng.permutation(len(a)), -gain))[:max_moves]
+        moves = list(zip(kind[order].tolist(), a[order].tolist(), c[order].tolist()))
         improved = False
         neighbours = []
         for i in range(0, len(moves), batch):
             chunk = moves[i:i + batch]
             cand = np.repeat(current[None], len(chunk), axis=0)
-            for row, (a, c) in enumerate(chunk):
-                cand[row, a] -= 1
-                cand[row, c] += 1
-            keep = (cand.min(axis=1) >= min_layers) & (cand.max(axis=1) <= (max_layers if max_layers is not None else np.inf))
+            levels = np.full(len(chunk), level)
+            for row, (k, a, c) in enumerate(chunk):
+                if k == 0:
+                    cand[row, a] -= 1
+                    cand[row, c] += 1
+                    cand[row, stages + a] = min(cand[row, stages + a], cand[row, a])
+                elif a < 0:  # uniform N
+                    levels[row] += 1 if k == 1 else -1
+                else:
+                    cand[row, stages + a] += 1 if k == 1 else -1
+            if uniform:
+                cand[:, stages:] = np.minimum(levels[:, None], cand[:, :stages])
+            dec_c = cand[:, :stages]
+            keep = (dec_c.min(axis=1) >= min_layers) & (dec_c.max(axis=1) <= (max_layers if max_layers is not None else np.inf))
             if spread is not None:
-                per_rank = cand.reshape(len(cand), ctx.vp, ctx.pp)
+                per_rank = dec_c.reshape(len(cand), ctx.vp, ctx.pp)
                 keep &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
             if not keep.any():
                 continue
-            cand = cand[keep]
-            counts = lin.run_counts(cand)
-            cand_over = lin.excess(counts)
-            f, b = lin.times(counts)
+            cand, levels = cand[keep], levels[keep]
+            counts, recomputed = measure(cand)
+            cand_over = lin.excess(counts, recomputed)
+            f, b = lin.times(counts, recomputed)
             values = graph.makespan(f, b)
             if over.sum() > 0:  # repairing: least total excess, then the shortest
                 k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
@@ -428,26 +527,26 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                 k = int(fit[np.argmin(values[fit])])
                 better = values[k] < value * (1 - 1e-12)
             if better:
-                current, value, over, improved = cand[k], float(values[k]), cand_over[k], True
-                headroom = lin.headroom(lin.run_counts(current[None]))[0]
+                current, value, over, level, improved = cand[k], float(values[k]), cand_over[k], int(levels[k]), True
+                headroom = lin.headroom(*measure(current[None]))[0]
                 paths.append(graph.path(f[:, k], b[:, k]))
                 break
             if time.perf_counter() - t0 >= time_limit_s:
                 break
         if not improved:
             neighbours.sort()
-            near = np.array([decoders for _, decoders in neighbours[:neighbour_paths]], dtype=np.int64).reshape(-1, stages)
+            near = np.array([layout for _, layout in neighbours[:neighbour_paths]], dtype=np.int64).reshape(-1, 2 * stages)
             for i in range(0, len(near), batch):
-                f, b = lin.times(lin.run_counts(near[i:i + batch]))
+                f, b = lin.times(*measure(near[i:i + batch]))
                 paths.extend(zip(*graph.paths(f, b)))
             break
-    return tuple(int(x) for x in current), value, paths
+    return tuple(int(x) for x in current[:stages]), value, paths, tuple(int(x) for x in current[stages:])
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
-                 local_fraction: float = 0.15, neighbour_paths: int | None = None) -> LayoutSolution:
+                 local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -474,7 +573,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     is proven either way). local=False skips the local search (local_fraction of the time
     limit). graph=True replaces the cuts by the whole event graph of the schedule (an
     end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
-    instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s)."""
+    instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s).
+    Recompute (skeletons with full recompute, ctx.recompute_allowed): an integer r_s per stage,
+    0 <= r_s <= t_s, the stage's first r_s layers fully recomputed (their kind-runs clipped
+    from the prefix sums like the layers'); the backward times gain r_s's recompute, the memory
+    rows lose what the recomputed layers do not keep and gain, per rank, the working set of the
+    largest kind it recomputes (an integer w_r >= working_k * y_rk, y_rk a boolean that the
+    rank recomputes a layer of kind k). uniform_recompute: r_s = min(N, t_s) for one integer N,
+    Megatron's one --recompute-num-layers (the exportable answer)."""
     start = time.perf_counter()
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
@@ -496,6 +602,16 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     for s in range(stages):
         model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
     model.Add(prefix[-1] == n_layers)
+    recompute = ctx.recompute_allowed
+    rc = [model.NewIntVar(0, n_layers if recompute else 0, f"r{s}") for s in range(stages)]  # recomputed layers per stage
+    for s in range(stages):
+        model.Add(rc[s] <= t[s])
+    level = None
+    if recompute and uniform_recompute:  # one N for every stage: r_s = min(N, t_s)
+        level = model.NewIntVar(0, n_layers, "N")
+        for s in range(stages):
+            model.AddMinEquality(rc[s], [level, t[s]])
+    vars_ = t + rc  # what an answer assigns
     # layers of each kind-run per stage
     if len(runs) == 1:
         run_counts = [[t[s]] for s in range(stages)]
@@ -512,6 +628,33 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             clipped.append(row)
         run_counts = [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)]
     kind_of_run = [kind for kind, _, _ in runs]
+    # recomputed layers of each kind-run per stage: the first r_s of the stage, i.e. the layers
+    # [P_{s-1}, P_{s-1} + r_s) clipped to each run
+    if not recompute:
+        rc_counts = [[0] * len(runs) for _ in range(stages)]
+    elif len(runs) == 1:
+        rc_counts = [[rc[s]] for s in range(stages)]
+    else:
+        rc_counts = []
+        for s in range(stages):
+            row = []
+            for j, (_, a, b) in enumerate(runs):
+                if j == len(runs) - 1:  # the last run: what the others leave of r_s (half the clips)
+                    row.append(rc[s] - sum(row))
+                    continue
+                high = model.NewIntVar(a, n_layers, f"rh{j}_{s}")
+                model.AddMaxEquality(high, [(prefix[s - 1] if s else 0) + rc[s], a])
+                q = model.NewIntVar(a, b, f"rq{j}_{s}")
+                model.AddMinEquality(q, [high, b])
+                row.append(q - (clipped[j][s - 1] if s else a))
+            rc_counts.append(row)
+            # implied, but the LP relaxation of the clips above lets a run's recomputed count go
+            # negative, which prices recompute below nothing and takes the bound down by a third
+            # (DeepSeek-V3 pp 16 x vp 2: 42 s instead of 60.7 s); stated, the bound holds
+            for j in range(len(runs)):
+                model.Add(row[j] >= 0)
+                model.Add(row[j] <= run_counts[s][j])
+            model.Add(sum(row) == rc[s])
 
     # forward and backward ns of each stage (chunk_times' composition, integer coefficients)
     mtp = np.zeros(stages)
@@ -524,9 +667,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     const_f, const_b = chunk_times(u, edge_counts, mtp, first, last)  # what a stage holds besides its decoder layers
     fwd = [int(round(u["kind_forward"][k] * TIME_SCALE)) for k in kind_of_run]
     bwd = [int(round((u["kind_total"][k] - u["kind_forward"][k]) * TIME_SCALE)) for k in kind_of_run]
+    rec = [int(round(u["kind_recompute"][k] * TIME_SCALE)) for k in kind_of_run]
     f_expr = [sum(fwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_f[s] * TIME_SCALE)) for s in range(stages)]
-    b_expr = [sum(bwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE)) for s in range(stages)]
-    per_op = (max(u["kind_total"].max(), 0.0) * n_layers + float(const_f.max() + const_b.max())) * TIME_SCALE
+    b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * rc_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE))
+              for s in range(stages)]
+    per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max())) * TIME_SCALE
     horizon = int(2 * ctx.microbatches * stages * per_op) + 1
     z = model.NewIntVar(0, horizon, "makespan")
     lin = LinearLayouts(ctx)
@@ -555,8 +700,24 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             model.Add(total[k] == sum(run_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
         per_layer = {k: fwd[kind_of_run.index(k)] + bwd[kind_of_run.index(k)] for k in kinds_used}
         const = sum(int(round(const_f[s] * TIME_SCALE)) + int(round(const_b[s] * TIME_SCALE)) for s in mine)
-        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const))
+        recomputing = 0
+        if recompute:  # the rank's recomputed layers of each kind, integer totals like its layers
+            for k in kinds_used:
+                again = model.NewIntVar(0, n_layers, f"R{r}_{k}")
+                model.Add(again == sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
+                recomputing += rec[kind_of_run.index(k)] * again
+        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing))
     best, best_score = None, None
+
+    def make(vector) -> StageLayout:
+        """The layout of an answer: decoder counts, then recompute counts."""
+        return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in vector[:stages]), mtp=tuple(int(x) for x in mtp),
+                           recompute=tuple(int(x) for x in vector[stages:]))
+
+    if level is not None:  # uniform recompute: seeds recompute min(N, layers), N their own where they have one, else their most
+        seeds = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
+                      for seed, n in ((seed, seed.uniform_recompute()) for seed in seeds)
+                      for n in [n if n is not None else max(seed.recompute)])
     for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
         score = score_layout(ctx, layout)
         cut(*_path_of(ctx, score))
@@ -572,13 +733,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         nonlocal best, best_score, nearest
         if not local or budget_s <= 0:
             return
-        decoders, _, paths = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
-                                          max_layers=max_layers, neighbour_paths=neighbour_paths)
+        decoders, _, paths, recomputed = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
+                                                      max_layers=max_layers, neighbour_paths=neighbour_paths, start_recompute=layout.recompute,
+                                                      uniform_recompute=level is not None)
         for n_f, n_b in paths:
             cut(n_f, n_b)
-        found = StageLayout(pp=pp, vp=vp, decoders=decoders, mtp=tuple(int(x) for x in mtp))
+        found = make(decoders + recomputed)
         score = score_layout(ctx, found)
-        add_rows(found.decoders)
+        add_rows(decoders + recomputed)
         nearest = found  # a repair that fell short still makes CP-SAT's best hint
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = found, score
@@ -602,19 +764,34 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
         trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
         memory_rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
+        working = 0
+        if recompute:
+            # the working set of the largest kind the rank recomputes: w >= working_k * y_k,
+            # y_k = 1 where the rank recomputes a layer of kind k (w only relaxes the rows upward
+            # from 0, so its least value is the max)
+            working = model.NewIntVar(0, int(round(u["kind_working"].max() / BYTE_SCALE)) + 1, f"w{r}")
+            for k in sorted(set(kind_of_run)):
+                if u["kind_working"][k] <= 0:
+                    continue
+                y = model.NewBoolVar(f"y{r}_{k}")
+                model.Add(sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k) <= n_layers * y)
+                model.Add(working >= int(round(u["kind_working"][k] / BYTE_SCALE)) * y)
         for i, h in enumerate(ctx.held[r]):
             act_expr = sum(int(h[c]) * sum(int(round(act[k] / BYTE_SCALE)) * run_counts[s][j] for j, k in enumerate(kind_of_run))
                            for c, s in enumerate(mine) if h[c])
+            if recompute:  # what the recomputed layers do not keep
+                act_expr = act_expr - sum(int(h[c]) * sum(int(round(u["kind_dropped"][k] / BYTE_SCALE)) * rc_counts[s][j] for j, k in enumerate(kind_of_run))
+                                          for c, s in enumerate(mine) if h[c]) + working
             const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
             memory_rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
     added_rows = set()
 
-    def add_rows(decoders) -> bool:
-        """Add the memory rows this layout breaks, and per rank the row nearest to binding;
-        whether any row was new."""
-        counts = lin.run_counts(np.array(decoders)[None])
+    def add_rows(vector) -> bool:
+        """Add the memory rows this layout (decoder counts, then recompute counts) breaks, and
+        per rank the row nearest to binding; whether any row was new."""
+        counts, recomputed = lin.layout_counts(np.array(vector)[None])
         new = False
-        for r, values in enumerate(lin.rank_rows(counts)):
+        for r, values in enumerate(lin.rank_rows(counts, recomputed)):
             values = values[0]  # [1 + vectors] bytes: transient first
             order = [int(np.argmax(values))] + [i for i in np.flatnonzero(values > ctx.problem.hardware.memory_bytes)]
             for i in order:
@@ -629,11 +806,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         added_rows.add((r, -1))
         model.Add(memory_rows[r, -1] <= budget * 1000)
     for layout in seeds:
-        add_rows(layout.decoders)
+        add_rows(layout.decoders + layout.recompute)
     if best is not None:
         descend(best, local_fraction * time_limit_s)
     elif seeds:  # no seed fits: repair the one least over the capacity
-        over = [lin.excess(lin.run_counts(np.array(seed.decoders)[None])).sum() for seed in seeds]
+        over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
         descend(seeds[int(np.argmin(over))], local_fraction * time_limit_s)
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
@@ -657,23 +834,23 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         becomes a cut, the memory rows it breaks come in, the best that fits (the exact model
         confirming) becomes the incumbent; whether anything was new."""
         nonlocal best, best_score
-        decoders = np.array(answers, dtype=np.int64)
+        vectors = np.array(answers, dtype=np.int64)
         new = False
-        for i in range(0, len(decoders), 64):
-            part = decoders[i:i + 64]
-            counts = lin.run_counts(part)
-            f, b = lin.times(counts)
+        for i in range(0, len(vectors), 64):
+            part = vectors[i:i + 64]
+            counts, recomputed = lin.layout_counts(part)
+            f, b = lin.times(counts, recomputed)
             values = graph_.makespan(f, b)
             for n_f, n_b in zip(*graph_.paths(f, b)):
                 new |= cut(n_f, n_b)
-            fits = lin.fits(counts)
+            fits = lin.fits(counts, recomputed)
             for k in np.argsort(values):
                 if not fits[k]:
                     new |= add_rows(part[k])
                     continue
                 if values[k] >= best_score.pipeline_s - best_score.pp_exposed_s:
                     break
-                layout = StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in part[k]), mtp=tuple(int(x) for x in mtp))
+                layout = make(part[k])
                 score = score_layout(ctx, layout)
                 new |= add_rows(part[k])
                 if score.fits:
@@ -683,7 +860,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
 
     graph_ = schedule_graph(ctx)
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
-    slack = 0.5 * 2 * ctx.microbatches * stages * (len(runs) + 1) / TIME_SCALE
+    slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     z_domain = model.Proto().variables[z.Index()].domain
     while True:
@@ -698,7 +875,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # every answer CP-SAT found, not only its last, so one round brings many cuts.
             best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
             z_domain[0], z_domain[1] = 0, max(int(math.floor((best_makespan - 2 * slack) * TIME_SCALE)), 0)
-            found = _Answers(t)
+            found = _Answers(vars_)
             solver = cp_model.CpSolver()
             solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if not stalled else remaining, 0.05)
             solver.parameters.num_workers = int(workers)
@@ -715,7 +892,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 continue
             if not _take_answers(found.answers):
                 for answer in found.answers:  # nothing new learnt (integer rounding): exclude them
-                    model.AddForbiddenAssignments(t, [answer])
+                    model.AddForbiddenAssignments(vars_, [answer])
             continue
         solver = cp_model.CpSolver()
         # regular layouts keep a first round of all the time (their LNS workers find the
@@ -729,7 +906,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         model.ClearHints()
         hint = best if best is not None else nearest
         if hint is not None:
-            for var, value in zip(t, hint.decoders):
+            for var, value in zip(vars_, hint.decoders + hint.recompute):
                 model.AddHint(var, value)
         status = solver.Solve(model)
         rounds += 1
@@ -741,16 +918,16 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 break
             raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
         bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
-        layout = StageLayout(pp=pp, vp=vp, decoders=tuple(int(solver.Value(v)) for v in t), mtp=tuple(int(x) for x in mtp))
+        layout = make([solver.Value(v) for v in vars_])
         score = score_layout(ctx, layout)
         makespan = score.pipeline_s - score.pp_exposed_s
         if score.fits and (best_score is None or makespan < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
         if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
-            if not add_rows(layout.decoders):
-                model.AddForbiddenAssignments(t, [layout.decoders])
+            if not add_rows(layout.decoders + layout.recompute):
+                model.AddForbiddenAssignments(vars_, [layout.decoders + layout.recompute])
             continue
-        add_rows(layout.decoders)
+        add_rows(layout.decoders + layout.recompute)
         if not refine:
             proven = status == cp_model.OPTIMAL
             break
@@ -801,60 +978,78 @@ def _path_of(ctx: LayoutContext, score) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dp_layout(ctx: LayoutContext) -> tuple[StageLayout | None, float]:
-    """MPE eq. 3 for vp = 1: C(s, b) = min over a of max(C(s-1, a), term of stage s holding
-    layers [a, b)), a stage allowed only where its rank's exact ledger fits. The term is the
-    critical-path bound's: the stages before s (layers [0, a) and their edges, fixed by a) plus
-    m times stage s. Returns the best layout and its bound (None, inf when nothing fits): the
-    oracle of solve_layout."""
+    """MPE eq. 3 for vp = 1, over the critical-path bound: rank s's term is the stages before
+    it (their forward+backward, a chain) plus m times its own. A state (s, b) -- stages 0..s
+    hold layers [0, b) -- keeps the pairs (worst term so far, chain) that no other pair beats
+    in both, since the next stage's term grows with the chain: C(s, b) = Pareto-min over a of
+    (max(v, ch + m * T(s, a, b)), ch + T(s, a, b)) for (v, ch) in C(s-1, a). T is stage s
+    holding layers [a, b) with the fewest recomputed layers its rank's exact ledger allows
+    (with vp = 1 a rank's memory depends on its own stage only, and fewer recomputed layers
+    are never slower, so that choice is best for both the term and the chain); inf where none
+    fits. Without recompute the pairs collapse to MPE's plain recursion. Returns the best
+    layout and its bound (None, inf when nothing fits): the oracle of solve_layout."""
     if ctx.vp != 1:
         raise ValueError("the stage DP covers vp = 1 (a rank's chunks are not contiguous otherwise)")
     pp, n = ctx.pp, len(ctx.kind_of_layer)
     mtp_layers = ctx.problem.model.mtp_layers
-    cap = ctx.problem.hardware.memory_bytes
     inf = float("inf")
+    m = ctx.microbatches
 
-    cost = {}
-    for s in range(pp):
-        for a in range(n + 1):
-            before = sum(_stage_cost(ctx, q, *((0, a) if q == 0 else (a, a)), float("inf")) for q in range(s))
-            for b in range(a, n + 1):
-                cost[s, a, b] = before + ctx.microbatches * _stage_cost(ctx, s, a, b, cap)
-    best = [[inf] * (n + 1) for _ in range(pp)]
-    arg = [[-1] * (n + 1) for _ in range(pp)]
+    stage = {(s, a, b): _stage_cost(ctx, s, a, b) for s in range(pp) for a in range(n + 1) for b in range(a, n + 1)}
+    # front[s][b]: list of (worst term, chain, previous b, index in front[s-1][a], recompute)
+    front = [[[] for _ in range(n + 1)] for _ in range(pp)]
     for b in range(n + 1):
-        best[0][b] = cost[0, 0, b]
+        time_s, r = stage[0, 0, b]
+        if time_s < inf:
+            front[0][b] = [(m * time_s, time_s, 0, -1, r)]
     for s in range(1, pp):
         for b in range(n + 1):
+            pairs = []
             for a in range(b + 1):
-                value = max(best[s - 1][a], cost[s, a, b])
-                if value < best[s][b]:
-                    best[s][b], arg[s][b] = value, a
-    if best[pp - 1][n] == inf:
+                time_s, r = stage[s, a, b]
+                if time_s == inf:
+                    continue
+                for i, (v, ch, _, _, _) in enumerate(front[s - 1][a]):
+                    pairs.append((max(v, ch + m * time_s), ch + time_s, a, i, r))
+            pairs.sort()
+            kept, least_chain = [], inf
+            for p in pairs:  # by worst term, then chain: keep each pair whose chain is the least so far
+                if p[1] < least_chain:
+                    kept.append(p)
+                    least_chain = p[1]
+            front[s][b] = kept
+    if not front[pp - 1][n]:
         return None, inf
-    sizes, b = [], n
-    for s in range(pp - 1, 0, -1):
-        a = arg[s][b]
+    i = min(range(len(front[pp - 1][n])), key=lambda k: front[pp - 1][n][k][0])
+    value = front[pp - 1][n][i][0]
+    sizes, recompute, b = [], [], n
+    for s in range(pp - 1, -1, -1):
+        _, _, a, i_prev, r = front[s][b][i]
         sizes.append(b - a)
-        b = a
-    sizes.append(b)
+        recompute.append(r)
+        b, i = a, i_prev
     mtp = [0] * pp
     mtp[-1] = mtp_layers
-    return StageLayout(pp=pp, vp=1, decoders=tuple(reversed(sizes)), mtp=tuple(mtp)), best[pp - 1][n]
+    return StageLayout(pp=pp, vp=1, decoders=tuple(reversed(sizes)), mtp=tuple(mtp), recompute=tuple(reversed(recompute))), value
 
 
-def _stage_cost(ctx: LayoutContext, s: int, a: int, b: int, cap: float) -> float:
-    """Forward+backward seconds of stage s (vp = 1: rank s) holding layers [a, b), inf where
-    the rank's exact ledger does not fit."""
+def _stage_cost(ctx: LayoutContext, s: int, a: int, b: int) -> tuple[float, int]:
+    """(forward+backward seconds, recomputed layers) of stage s (vp = 1: rank s) holding layers
+    [a, b) with the fewest recomputed layers (its first ones) for which its rank's exact
+    ledger fits; (inf, 0) where none does. Scored by score_layout's functions on the one stage."""
     k = len(ctx.kinds)
     counts = np.bincount(np.asarray(ctx.kind_of_layer[a:b], dtype=int), minlength=k).astype(float)
     last = s == ctx.pp - 1
     mtp = ctx.problem.model.mtp_layers if last else 0
     if ctx.mtp_kind is not None:
         counts[ctx.mtp_kind] += mtp
-    forward, backward = chunk_times(unit_costs(ctx), counts[None, :], np.array([mtp]), np.array([s == 0]), np.array([last]))
-    held = float(ctx.held[s].max())  # vp = 1: one chunk, so the count itself
-    ledger = rank_ledger(ctx, counts, s == 0, last, mtp, held)
-    return float(forward[0] + backward[0]) if float(ledger.peak[0]) <= cap else float("inf")
+    u = unit_costs(ctx)
+    for r in range(b - a + 1 if ctx.recompute_allowed else 1):
+        recomputed = np.bincount(np.asarray(ctx.kind_of_layer[a:a + r], dtype=int), minlength=k).astype(float)
+        if rank_peak_bytes(ctx, s, counts[None, :], recomputed[None, :], last, mtp) <= ctx.problem.hardware.memory_bytes:
+            forward, backward = chunk_times(u, counts[None, :], np.array([mtp]), np.array([s == 0]), np.array([last]), recomputed[None, :])
+            return float(forward[0] + backward[0]), r
+    return float("inf"), 0
 
 
 def regular(layout: StageLayout, spread: int) -> bool:
@@ -862,9 +1057,10 @@ def regular(layout: StageLayout, spread: int) -> bool:
     return all(max(layout.decoders[r::layout.pp]) - min(layout.decoders[r::layout.pp]) <= spread for r in range(layout.pp))
 
 
-def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
+def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0, uniform_recompute: bool = False):
     """Every layout (MTP on the last stage) with its exact score: the brute-force oracle for
-    tiny instances."""
+    tiny instances. Where the skeleton allows full recompute, every recompute count of every
+    stage too (uniform_recompute: only r_s = min(N, layers_s), every N)."""
     stages, n = ctx.pp * ctx.vp, len(ctx.kind_of_layer)
     mtp = [0] * stages
     mtp[-1] = ctx.problem.model.mtp_layers
@@ -876,7 +1072,15 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0):
         if min(sizes) < min_layers:
             continue
         layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(sizes), mtp=tuple(mtp))
-        yield layout, score_layout(ctx, layout)
+        if not ctx.recompute_allowed:
+            choices = [layout.recompute]
+        elif uniform_recompute:
+            choices = sorted({tuple(min(level, d) for d in sizes) for level in range(max(sizes) + 1)})
+        else:
+            choices = itertools.product(*(range(d + 1) for d in sizes))
+        for recompute in choices:
+            chosen = layout.with_recompute(recompute)
+            yield chosen, score_layout(ctx, chosen)
 
 
 def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...]) -> tuple[LayoutSolution | None, LayoutSolution]:
@@ -898,18 +1102,56 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     return first, second
 
 
+def own_layout(ctx: LayoutContext) -> StageLayout:
+    """The configuration's own Megatron split (costmodel.stage_layout.megatron_layout) with its
+    own recompute: block N recomputes min(N, layers) of every stage; uniform recomputes every
+    layer (its groups of N > 1 keep fewer inputs, which per-stage counts do not express: the
+    layout model scores them as N = 1)."""
+    from costmodel.stage_layout import megatron_layout
+
+    cfg, m = ctx.cfg, ctx.problem.model
+    own = megatron_layout(m.num_layers, m.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
+    if not ctx.recompute_allowed:
+        return own
+    n = int(cfg.recompute_layers[0]) if int(cfg.recompute_method[0]) == 1 else max(own.decoders)
+    return own.with_recompute([min(n, d) for d in own.decoders])
+
+
+def launch_recompute(layout: StageLayout) -> dict:
+    """The launch plan's recompute fields for a layout whose recompute counts one N gives
+    (StageLayout.uniform_recompute): block method with that N (Megatron's
+    --recompute-num-layers, the first N layers of every virtual stage), none where N = 0."""
+    n = layout.uniform_recompute()
+    if n is None:
+        raise LayoutError(f"recompute counts {layout.recompute} are not min(N, layers) for one N: Megatron cannot launch them")
+    if n == 0:
+        return {"recompute": "none", "recompute_method": None, "recompute_num_layers": None}
+    return {"recompute": "full", "recompute_method": "block", "recompute_num_layers": n}
+
+
 def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) -> tuple[dict, StageLayout | None]:
     """The layout search on one solved configuration (`mofa solve --pipeline-layouts`): a JSON
     report and the layout to launch (None where the search is refused or finds nothing better
     than the configuration's own Megatron split). Step times here are the simulated
-    schedule's (costmodel.stage_layout), the split's and the layout's alike."""
-    from costmodel.stage_layout import megatron_layout, space_size
+    schedule's (costmodel.stage_layout), the split's and the layout's alike.
+    With full recompute in the configuration the layouts also choose how many layers of each
+    stage to recompute. Megatron takes one --recompute-num-layers N for every stage (block
+    method: r_s = min(N, layers_s)); where the best layout's counts are not of that form, the
+    report says so (`recompute_expressible`: false), keeps it as `best_any_recompute`, and
+    searches the best layout with one N (two thirds of the time go to the free search, the
+    rest to this one), which is the answer reported and launched."""
+    from costmodel.stage_layout import space_size
 
     try:
         ctx = layout_context(problem, cfg)
-        own = megatron_layout(problem.model.num_layers, problem.model.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
+        own = own_layout(ctx)
         own_score = score_layout(ctx, own)
-        regular_solution, solution = two_phase(ctx, time_limit_s, workers, (own,))
+        start = time.perf_counter()
+        regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,))
+        free = solution
+        if ctx.recompute_allowed and solution.layout.uniform_recompute() is None:
+            remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
+            solution = solve_layout(ctx, remaining, workers, seeds=(own, solution.layout), uniform_recompute=True)
     except LayoutError as exc:
         return {"refused": str(exc)}, None
     better = solution.step_time_s < own_score.step_time_s * (1 - 1e-9) or (solution.fits and not own_score.fits)
@@ -924,10 +1166,22 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         "gap": solution.gap,
         "optimal": solution.optimal,
         "rounds": solution.rounds,
-        "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0),
+        "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0) + (free.solve_s if free is not solution else 0.0),
         "regular": None if regular_solution is None else {
             "note": "among layouts whose chunks on one rank differ by at most one layer",
             "step_time_s": regular_solution.step_time_s, "optimal": regular_solution.optimal, "gap": regular_solution.gap},
-        "space_size": float(space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp)),
+        "space_size": float(space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp, ctx.recompute_allowed)),
     }
+    if ctx.recompute_allowed:
+        report.update({
+            "recompute": list(solution.layout.recompute),
+            "recompute_num_layers": solution.layout.uniform_recompute(),
+            "recompute_expressible": free is solution,
+            "megatron_split_recompute": list(own.recompute),
+        })
+        if free is not solution:
+            report["best_any_recompute"] = {
+                "note": "per-stage recompute counts that no one --recompute-num-layers gives: not launchable by Megatron",
+                "layout": free.layout.to_megatron(), "recompute": list(free.layout.recompute), "step_time_s": free.step_time_s,
+                "optimal": free.optimal, "gap": free.gap}
     return report, solution.layout if better else None

@@ -144,12 +144,14 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
         with_interval(problem, entry)
     plans = result.plans(problem) if out["top"] else []
     if layout_time_limit_s is not None and out.get("best"):
-        from optimizer.layout_search import layout_report
+        from optimizer.layout_search import launch_recompute, layout_report
 
         report, layout = layout_report(problem, result.top_configs.take([0]), layout_time_limit_s)
         out["pipeline_layout"] = finite(report)
         if layout is not None:
-            plans = [plans[0].model_copy(update={"pipeline_layout": layout.to_megatron()}), *plans[1:]]
+            # a configuration with full recompute: the layout chose its recompute too (one N, block method)
+            recompute = launch_recompute(layout) if "recompute" in report else {}
+            plans = [plans[0].model_copy(update={"pipeline_layout": layout.to_megatron(), **recompute}), *plans[1:]]
             out["best"]["plan"] = plans[0].model_dump(mode="json")
             out["top"][0]["plan"] = out["best"]["plan"]
     if out.get("best"):
@@ -169,7 +171,22 @@ def render_layout(report: dict) -> str:
     verdict = "launched" if report["applied"] else "not better than the split: not launched"
     return (f"pipeline layout ({status}, {report['search_time_s']:.1f} s, {report['space_size']:.1e} layouts): "
             f"{report['step_time_s']:.4f} s against {report['megatron_split_step_time_s']:.4f} s for the split "
-            f"({100 * report['gain']:+.2f}%), {verdict}\n  --pipeline-model-parallel-layout {report['layout']}")
+            f"({100 * report['gain']:+.2f}%), {verdict}\n  --pipeline-model-parallel-layout {report['layout']}"
+            + render_layout_recompute(report))
+
+
+def render_layout_recompute(report: dict) -> str:
+    """The recompute a layout search chose (configurations with full recompute), and whether
+    Megatron's one --recompute-num-layers expresses the best per-stage counts."""
+    if "recompute" not in report:
+        return ""
+    n = report["recompute_num_layers"]
+    line = f"\n  recompute per stage {report['recompute']}: " + ("none" if n == 0 else f"--recompute-method block --recompute-num-layers {n}")
+    if not report["recompute_expressible"]:
+        other = report["best_any_recompute"]
+        line += (f"\n  (the best per-stage recompute, {other['recompute']} at {other['step_time_s']:.4f} s, is no one "
+                 f"--recompute-num-layers: the best layout with one N is reported and launched)")
+    return line
 
 
 def render_exports(exports: dict) -> str:

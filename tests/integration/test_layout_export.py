@@ -78,3 +78,22 @@ def test_solve_pipeline_layouts(tmp_path):
         assert json.loads((out / "result.json").read_text())["best"]["plan"]["pipeline_layout"] == report["layout"]
     else:
         assert "--pipeline-model-parallel-layout" not in script
+
+
+def test_megatron_gets_the_layout_recompute(plan):
+    """A layout whose recompute counts are min(N, layers) for one N launches as Megatron's block
+    method with that N beside the layout; counts no one N gives are refused."""
+    from optimizer.layout_search import launch_recompute
+
+    p, layout = plan
+    chosen = layout.with_recompute([min(1, d) for d in layout.decoders])
+    flags = megatron_flags(p.model_copy(update=launch_recompute(chosen)))
+    assert flags[flags.index("--recompute-granularity") + 1] == "full"
+    assert flags[flags.index("--recompute-method") + 1] == "block"
+    assert flags[flags.index("--recompute-num-layers") + 1] == "1"
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == layout.to_megatron()
+    assert "--recompute-granularity" not in megatron_flags(p.model_copy(update=launch_recompute(layout)))  # N = 0: none
+    uneven = list(chosen.recompute)
+    uneven[uneven.index(1)] = 0
+    with pytest.raises(ValueError, match="one N"):
+        launch_recompute(chosen.with_recompute(uneven))

@@ -215,7 +215,8 @@ def test_local_search_improves_and_fits(tmp_path):
     ctx = context(tmp_path, 2, 2, 39000)
     scored = [(s.pipeline_s - s.pp_exposed_s, layout) for layout, s in enumerate_layouts(ctx) if s.fits]
     worst_value, worst = max(scored, key=lambda x: x[0])
-    decoders, value, paths = local_search(ctx, worst.decoders, 5.0)
+    decoders, value, paths, recompute = local_search(ctx, worst.decoders, 5.0)
+    assert recompute == (0,) * 4  # the skeleton has no full recompute
     found = score_layout(ctx, StageLayout(pp=2, vp=2, decoders=decoders, mtp=worst.mtp))
     assert found.fits
     assert value == pytest.approx(found.pipeline_s - found.pp_exposed_s, rel=1e-12)
@@ -224,3 +225,137 @@ def test_local_search_improves_and_fits(tmp_path):
         for makespan, layout in scored:
             s = score_layout(ctx, layout)
             assert n_f @ s.forward_s + n_b @ s.backward_s <= makespan * (1 + 1e-12)
+
+
+# --- per-stage full recompute ---------------------------------------------------------------
+# The same 7-layer DeepSeek-V3 at 32K tokens, its skeleton with full recompute, so that the
+# layouts choose how many layers of each stage to recompute. The GPU capacity decides only
+# which layouts fit (their scores are the same), so each instance is enumerated once, at a
+# capacity where everything fits, and the capacities below filter it. On pp 2 x vp 2 at
+# 40.1-47.9 GB only layouts that recompute fit; at 39000 MiB nothing does.
+
+TINY_RECOMPUTE = TINY.replace("seq_len: 4096", "seq_len: 32768")
+
+
+def recompute_context(tmp_path, pp, vp, memory_mib):
+    path = tmp_path / "tiny_recompute.yaml"
+    path.write_text(TINY_RECOMPUTE)
+    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=pp, vp=vp, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1,
+                                   recompute=2, recompute_method=1, recompute_layers=1)
+    return layout_context(problem, cfg)
+
+
+@pytest.fixture(scope="module")
+def recompute_layouts(tmp_path_factory):
+    """{(pp, vp): [(layout, peak bytes, makespan, critical-path bound)]} of every layout and
+    recompute vector (enumerate_layouts), scored at 200 GB."""
+    out = {}
+    for pp, vp in ((2, 2), (4, 1)):
+        ctx = recompute_context(tmp_path_factory.mktemp("rc"), pp, vp, 200000)
+        out[pp, vp] = [(layout, s.peak_bytes.max(), s.pipeline_s - s.pp_exposed_s, s.bound_s) for layout, s in enumerate_layouts(ctx)]
+    return out
+
+
+def fitting(layouts, ctx):
+    return [entry for entry in layouts if entry[1] <= ctx.problem.hardware.memory_bytes]
+
+
+@pytest.mark.parametrize("memory_mib", [200000, 49000, 44000, 39000])
+def test_recompute_cpsat_matches_enumeration(tmp_path, recompute_layouts, memory_mib):
+    """pp 2 x vp 2 with a recompute count per stage (C(7 + 8 - 1, 7) = 3432 layouts): the
+    certified free search reaches enumeration's least simulated makespan, and the uniform-N
+    search (r_s = min(N, layers_s), what Megatron launches) the least among those; infeasible
+    exactly when nothing fits."""
+    ctx = recompute_context(tmp_path, 2, 2, memory_mib)
+    fits = fitting(recompute_layouts[2, 2], ctx)
+    if not fits:
+        with pytest.raises(LayoutError):
+            solve_layout(ctx, time_limit_s=10)
+        return
+    for uniform in (False, True):
+        best = min(makespan for layout, _, makespan, _ in fits if not uniform or layout.uniform_recompute() is not None)
+        solution = solve_layout(ctx, time_limit_s=20, uniform_recompute=uniform)
+        assert solution.optimal and solution.fits
+        assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+        assert solution.lower_bound_s <= solution.makespan_s * (1 + 1e-9)
+        if uniform:
+            assert solution.layout.uniform_recompute() is not None
+
+
+def test_recompute_is_found_where_only_it_fits(tmp_path, recompute_layouts):
+    """At 44000 MiB no layout that recomputes nothing fits; the search finds one that
+    recomputes some layers of some stages, not all of them, and is faster than recomputing
+    everything (the best layout that does)."""
+    ctx = recompute_context(tmp_path, 2, 2, 44000)
+    fits = fitting(recompute_layouts[2, 2], ctx)
+    assert fits and not any(not layout.any_recompute for layout, *_ in fits)
+    solution = solve_layout(ctx, time_limit_s=20)
+    layout = solution.layout
+    assert solution.fits and solution.optimal and layout.any_recompute
+    assert sum(layout.recompute) < sum(layout.decoders)
+    everything = min(makespan for lay, _, makespan, _ in fits if lay.recompute == lay.decoders)
+    assert solution.makespan_s < everything
+
+
+@pytest.mark.parametrize("memory_mib", [200000, 44000, 41000, 39000])
+def test_recompute_stage_dp_agrees(tmp_path, recompute_layouts, memory_mib):
+    """pp 4 x vp 1: the stage DP with recompute (Pareto pairs of term and chain) reaches
+    enumeration's least critical-path bound, as does CP-SAT's first round; at 41000 MiB the
+    answer recomputes; nothing exactly when nothing fits."""
+    ctx = recompute_context(tmp_path, 4, 1, memory_mib)
+    fits = fitting(recompute_layouts[4, 1], ctx)
+    layout, value = dp_layout(ctx)
+    if not fits:
+        assert layout is None
+        return
+    best = min(bound for *_, bound in fits)
+    assert value == pytest.approx(best, rel=1e-9)
+    if memory_mib == 41000:
+        assert layout.any_recompute
+    assert solve_layout(ctx, time_limit_s=10, refine=False).bound_s == pytest.approx(value, rel=1e-6)
+
+
+def test_linear_layouts_with_recompute(tmp_path, recompute_layouts):
+    """LinearLayouts' stage times and memory test (what the local search and the memory rows
+    read) are the exact model's for every layout and recompute vector."""
+    import numpy as np
+
+    from costmodel.stage_layout import score_layout
+    from optimizer.layout_search import LinearLayouts
+
+    ctx = recompute_context(tmp_path, 2, 2, 44000)
+    lin = LinearLayouts(ctx)
+    layouts = [layout for layout, *_ in recompute_layouts[2, 2]][::7]
+    counts, recomputed = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout in layouts]))
+    forward, backward = lin.times(counts, recomputed)
+    fits = lin.fits(counts, recomputed)
+    for k, layout in enumerate(layouts):
+        score = score_layout(ctx, layout)
+        assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
+        assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
+        assert fits[k] == score.fits
+
+
+def test_layout_report_states_whether_megatron_can_launch_the_recompute(tmp_path):
+    """At 44000 MiB on pp 4 x vp 1 (Megatron's split: 1, 2, 2, 2 layers) the best per-stage
+    recompute is no min(N, layers): the report says so, keeps it aside, and reports (and would
+    launch) the best layout with one N, which is slower but launchable; launch_recompute turns
+    it into Megatron's block method."""
+    from optimizer.layout_search import launch_recompute, layout_report
+
+    ctx = recompute_context(tmp_path, 4, 1, 44000)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=4, vp=1, ep=8, mbs=1, first_layers=1, last_layers=2, zero_stage=1,
+                                   recompute=2, recompute_method=1, recompute_layers=1)
+    report, layout = layout_report(ctx.problem, cfg, time_limit_s=20)
+    assert report["recompute_expressible"] is False
+    other = report["best_any_recompute"]
+    assert other["step_time_s"] < report["step_time_s"]
+    n = report["recompute_num_layers"]
+    assert n is not None and report["recompute"] == [min(n, d) for d in layout.decoders]
+    assert layout is not None and layout.recompute == tuple(report["recompute"])  # the configuration's own split does not fit
+    assert not report["megatron_split_fits"] and report["applied"]
+    assert launch_recompute(layout) == ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": n} if n else
+                                        {"recompute": "none", "recompute_method": None, "recompute_num_layers": None})
+    with pytest.raises(LayoutError, match="one N"):
+        launch_recompute(layout.with_recompute(other["recompute"]))

@@ -93,3 +93,44 @@ def test_critical_path_bound(schedule, pp, vp, m):
         assert critical_path_bound_s(f + b, m) <= simulate(ops, f, b, 0.0).makespan_s * (1 + 1e-12)
     uniform = np.ones((pp, vp))
     assert critical_path_bound_s(3.0 * uniform, m) == pytest.approx(simulate(ops, uniform, 2.0 * uniform, 0.0).makespan_s, rel=1e-12)
+
+
+def test_recompute_counts_are_checked():
+    layout = StageLayout.from_megatron("Ett|tt|tL", 3, 1)
+    assert layout.recompute == (0, 0, 0) and not layout.any_recompute
+    with pytest.raises(LayoutError, match="recompute counts"):
+        layout.with_recompute((3, 0, 0))
+    assert layout.with_recompute((1, 1, 1)).uniform_recompute() == 1  # the last stage holds one layer: min(1, 1)
+    assert layout.with_recompute((2, 2, 1)).uniform_recompute() == 2  # every layer: min(2, layers)
+    assert layout.with_recompute((0, 0, 0)).uniform_recompute() == 0
+    assert layout.with_recompute((1, 0, 1)).uniform_recompute() is None  # no one N: Megatron cannot launch it
+    assert layout.with_recompute((2, 1, 1)).uniform_recompute() is None
+
+
+@pytest.mark.parametrize("vp,first,last,method,n", [(8, 7, 7, "uniform", 1), (2, 8, 6, "block", 2), (1, 8, 6, "block", 3), (2, 8, 6, "block", 3)])
+def test_recompute_counts_score_as_the_exact_model(vp, first, last, method, n):
+    """Llama 3 405B (one layer kind), cp 2: a layout recomputing min(N, layers) of every stage
+    scores as evaluate's `recompute: full` with that method and N (uniform 1: every layer),
+    peak memory and rank-level pipeline time to 1e-9; the same layout recomputing nothing
+    scores as evaluate's `recompute: none`, the skeleton still being the full-recompute one."""
+    problem = load_problem("problems/tuning/llama3_405b_16384xh100_seq8k.yaml", ["config=null"])
+    common = dict(tp=8, cp=2, pp=16, vp=vp, mbs=1, first_layers=first, last_layers=last, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
+    full = ConfigBatch.from_columns(16384, recompute=2, recompute_method={"uniform": 0, "block": 1}[method], recompute_layers=n, **common)
+    ctx = layout_context(problem, full)
+    split = megatron_layout(126, 0, 16, vp, first, last)
+    count = (lambda d: d) if method == "uniform" else (lambda d: min(n, d))
+    assert any(count(d) < d for d in split.decoders) or method == "uniform"
+    for cfg, layout in ((full, split.with_recompute([count(d) for d in split.decoders])), (ConfigBatch.from_columns(16384, **common), split)):
+        e = evaluate(problem, cfg)
+        score = score_layout(ctx, layout)
+        assert score.peak_bytes.max() == pytest.approx(float(e.memory_bytes["peak"][0]), rel=1e-9)
+        closed = float(e.step_time_s[0] - e.breakdown_s["dp"][0] - e.breakdown_s["update"][0] - e.breakdown_s["pp"][0])
+        assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
+    assert score_layout(ctx, split.with_recompute(split.decoders)).step_time_s > score_layout(ctx, split).step_time_s
+
+
+def test_recompute_needs_a_full_recompute_skeleton(llama):
+    problem, cfg, ctx = llama
+    layout = megatron_layout(126, 0, 16, 8, 7, 7)
+    with pytest.raises(LayoutError, match="no full recompute"):
+        score_layout(ctx, layout.with_recompute([min(1, d) for d in layout.decoders]))
