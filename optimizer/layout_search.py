@@ -830,7 +830,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     act = u["kind_activation"]
     scaled_frag = int(round((1 + frag) * 1000))
     memory_rows = {}  # (rank, vector index or -1 for the transient) -> (left side, float test on run counts)
-    rounding_terms = {}  # (rank, vector index) -> the row's integer terms for add_rounding_cuts
     for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
         mine = list(range(r, stages, pp))
         kind_count = {k: [] for k in range(len(ctx.kinds))}
@@ -860,41 +859,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                                           for c, s in enumerate(mine) if h[c]) + working
             const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
             memory_rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
-            if recompute and max(h) > 0:
-                rounding_terms[r, i] = (
-                    [(1000 * int(round(base[k] / BYTE_SCALE)) + scaled_frag * int(h[c]) * int(round(act[k] / BYTE_SCALE)), (s, j))
-                     for c, s in enumerate(mine) for j, k in enumerate(kind_of_run)],
-                    scaled_frag * int(max(h)) * max(int(round(u["kind_dropped"][k] / BYTE_SCALE)) for k in kind_of_run),
-                    budget * 1000 - 1000 * int(round(base0 / BYTE_SCALE)) - scaled_frag * const,
-                    sum(rc[s] for s in mine))
     added_rows = set()
-    rounding_cuts = set()
-
-    def add_rounding_cuts(key) -> None:
-        """Chvatal-Gomory cuts of memory row `key` that make recompute come in whole layers.
-        The row, with what a recomputed layer saves bounded by its rank's largest
-        (S = (1+frag) * max_c h_c * max_k dropped_k, per layer) and the working set dropped
-        (>= 0), reads sum_{s,j} A_sj n_sj - S * R <= rhs over the rank's integer layer counts
-        n_sj >= 0 and its recomputed total R; times q / S (q = 1..4), with the coefficients
-        of the n rounded down (n >= 0) and the integer left side's bound rounded down:
-            sum floor(q A_sj / S) n_sj - q R <= floor(q rhs / S),
-        valid for every integer layout that passes the row. The LP relaxation lets a rank
-        over its memory by a few GiB recompute a twentieth of a layer at a twentieth of its
-        time; in integers that is a whole layer (a MoE layer x 480 micro-batches: 5.8 s on
-        DeepSeek-V3), and a chunk whose every layer costs more than S (q A / S >= 1) says so."""
-        if key not in rounding_terms:
-            return
-        terms, per_layer, rhs, total = rounding_terms[key]
-        for q in (1, 2, 3, 4):
-            coefs = tuple((q * a) // per_layer for a, _ in terms)
-            if not any(coefs):
-                continue
-            bound = (q * rhs) // per_layer
-            signature = (key[0], coefs, q, bound)
-            if signature in rounding_cuts:
-                continue
-            rounding_cuts.add(signature)
-            model.Add(sum(cf * run_counts[s][j] for cf, (_, (s, j)) in zip(coefs, terms) if cf) - q * total <= bound)
 
     def add_rows(vector) -> bool:
         """Add the memory rows this layout (decoder counts, then recompute counts) breaks, and
@@ -909,7 +874,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 if key not in added_rows:
                     added_rows.add(key)
                     model.Add(memory_rows[key] <= budget * 1000)
-                    add_rounding_cuts(key)
                     new = True
         return new
 

@@ -393,3 +393,27 @@ def test_two_phase_bound_is_the_free_search_own(tmp_path, recompute_layouts, mem
         assert second.rounds >= 1
     if time_limit_s >= 20:
         assert second.optimal and second.makespan_s == pytest.approx(best, rel=1e-6)
+
+
+@pytest.mark.parametrize("memory_mib", [49000, 44000, 39000])
+def test_fewest_recompute_fits(tmp_path, recompute_layouts, memory_mib):
+    """fewest_recompute makes a layout fit (the exact model's test) with recomputed layers only
+    where needed: none where it already fits; None exactly where even recomputing every layer
+    does not fit (every layout at 39000 MiB); the uniform variant gives one N."""
+    from costmodel.stage_layout import score_layout
+    from optimizer.layout_search import fewest_recompute
+
+    ctx = recompute_context(tmp_path, 2, 2, memory_mib)
+    for layout, *_ in recompute_layouts[2, 2][::97]:
+        plain = layout.with_recompute([0] * 4)
+        everything_fits = score_layout(ctx, plain.with_recompute(plain.decoders)).fits
+        for uniform in (False, True):
+            repaired = fewest_recompute(ctx, plain, uniform=uniform)
+            assert (repaired is None) == (not everything_fits)
+            if repaired is None:
+                continue
+            assert repaired.decoders == plain.decoders and score_layout(ctx, repaired).fits
+            if score_layout(ctx, plain).fits:
+                assert not repaired.any_recompute
+            if uniform:
+                assert repaired.uniform_recompute() is not None
