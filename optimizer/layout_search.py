@@ -587,7 +587,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
-                 scores: dict | None = None) -> LayoutSolution:
+                 scores: dict | None = None, paths: set | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -738,6 +738,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         model.Add(z >= sum(int(n_f[s]) * f_expr[s] + int(n_b[s]) * b_expr[s] for s in range(stages) if n_f[s] or n_b[s]))
         return True
 
+    for n_f, n_b in sorted(paths or ()):  # a previous search's paths of this skeleton: cuts for every layout
+        cut(np.array(n_f), np.array(n_b))
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
         if chunk_spread is None or (n_f == n_b).all():
             cut(n_f, n_b)
@@ -1016,6 +1018,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if not added and status == cp_model.OPTIMAL:
             proven = True  # its own path was already a cut: CP-SAT's value is its makespan
             break
+    if paths is not None:
+        paths.update(cuts)
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
     source = "cp-sat"
     if not proven:
@@ -1194,15 +1198,16 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     start = time.perf_counter()
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
     scores: dict = {}
+    paths: set = set()  # the regular phase's critical paths: cuts that hold for free layouts too
     first = None
     try:
-        first = solve_layout(ctx, regular_share * time_limit_s, workers, seeds=regular_seeds, chunk_spread=1, scores=scores)
+        first = solve_layout(ctx, regular_share * time_limit_s, workers, seeds=regular_seeds, chunk_spread=1, scores=scores, paths=paths)
     except LayoutError:
         pass  # no regular layout fits: the free search alone
     more = (first.layout,) if first is not None else ()
     # what the regular search left (it stops early once certified) goes to the free search
     left = max(time_limit_s - (time.perf_counter() - start), free_floor * time_limit_s)
-    second = solve_layout(ctx, left, workers, seeds=seeds + more, scores=scores)
+    second = solve_layout(ctx, left, workers, seeds=seeds + more, scores=scores, paths=paths)
     return first, second
 
 
