@@ -773,8 +773,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         seeds = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
                       for seed, n in ((seed, seed.uniform_recompute()) for seed in seeds)
                       for n in [n if n is not None else max(seed.recompute)])
-    if recompute:  # each seed also with the fewest recomputed layers that make it fit (fewest_recompute)
-        repaired = [fewest_recompute(ctx, seed.with_recompute([0] * stages), lin, uniform=level is not None) for seed in seeds if seed.stages == stages]
+    if recompute and level is None:
+        # each seed also with the fewest recomputed layers that make it fit (fewest_recompute);
+        # not with one N: a seed that one N makes fit (DeepSeek-V3's recipe split, N = 1 at
+        # 69.8 s) can hold the local search in a basin that N = 0 layouts (61.0 s) are not near
+        repaired = [fewest_recompute(ctx, seed.with_recompute([0] * stages), lin) for seed in seeds if seed.stages == stages]
         seeds = tuple(dict.fromkeys(seeds + tuple(x for x in repaired if x is not None)))
     # Known layouts: their critical paths as cuts, the best that fits as the incumbent. Those
     # with the MTP modules where the search puts them are measured on the schedule graph and
@@ -956,7 +959,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             z_domain[0], z_domain[1] = 0, max(int(math.floor((best_makespan - 2 * slack) * TIME_SCALE)), 0)
             found = _Answers(vars_)
             solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if not stalled else remaining, 0.05)
+            # a round cut short loses its presolve and LP with it: where less than two rounds'
+            # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
+            # for ~2.6 s of a 4 s round)
+            capped = not stalled and remaining >= 2 * round_limit_s
+            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
             solver.parameters.num_workers = int(workers)
             solver.parameters.random_seed = 0
             status = solver.Solve(model, found)
