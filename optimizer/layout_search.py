@@ -69,6 +69,7 @@ class LayoutSolution:
     solve_s: float
     fits: bool
     rounds: int  # CP-SAT solves (one per critical path added)
+    bound_source: str = "cp-sat"  # what proved lower_bound_s: "cp-sat", or "work" (work_bound_s: no CP-SAT round bounded better)
 
     @property
     def gap(self) -> float:
@@ -394,6 +395,45 @@ class LinearLayouts:
         return (self.excess(counts, recomputed) <= 0).all(axis=1)
 
 
+def fewest_recompute(ctx: LayoutContext, layout: StageLayout, lin: LinearLayouts | None = None,
+                     uniform: bool = False) -> StageLayout | None:
+    """The layout's decoder counts with recompute added greedily until every rank passes the
+    linear memory test: while a rank is over its capacity, one more recomputed layer in the
+    chunk that holds the most micro-batches of that rank's binding row (its in-flight vector
+    with the largest peak), which takes the most bytes off it per recomputed layer; with
+    `uniform`, the least N for which r_s = min(N, layers_s) fits. A seed for the layout search
+    (a Megatron split made to fit with a few recomputed layers on the ranks that need them:
+    on Llama 3 405B cp 1 the even split with 27 recomputed layers, 6.48 s a step, where the
+    local search from the split recomputing everything stalls at 7.6 s: single moves do not
+    shorten a balanced pipeline). None where recomputing everything does not fit."""
+    lin = lin or LinearLayouts(ctx)
+    if not lin.recompute:
+        return None
+    pp, stages = ctx.pp, lin.stages
+    decoders = np.array(layout.decoders, dtype=np.int64)
+    recompute = np.minimum(np.array(layout.recompute, dtype=np.int64), decoders)
+    if uniform:
+        for n in range(int(decoders.max(initial=0)) + 1):
+            recompute = np.minimum(n, decoders)
+            if lin.fits(*lin.layout_counts(np.concatenate([decoders, recompute])[None]))[0]:
+                return layout.with_recompute(recompute.tolist())
+        return None
+    while True:
+        counts, recomputed = lin.layout_counts(np.concatenate([decoders, recompute])[None])
+        rows = lin.rank_rows(counts, recomputed)
+        over = [r for r in range(pp) if rows[r][0].max() > lin.capacity]
+        if not over:
+            return layout.with_recompute(recompute.tolist())
+        r = over[0]
+        i = int(np.argmax(rows[r][0])) - 1  # the binding row (-1: the optimizer transient, which recompute does not lower)
+        if i < 0:
+            return None
+        room = [(int(ctx.held[r][i][c]), c * pp + r) for c in range(ctx.vp) if recompute[c * pp + r] < decoders[c * pp + r]]
+        if not room or max(room)[0] == 0:
+            return None
+        recompute[max(room)[1]] += 1
+
+
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
                  lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
                  max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32,
@@ -546,7 +586,8 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
-                 local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False) -> LayoutSolution:
+                 local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
+                 scores: dict | None = None, paths: set | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -580,8 +621,20 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     rows lose what the recomputed layers do not keep and gain, per rank, the working set of the
     largest kind it recomputes (an integer w_r >= working_k * y_rk, y_rk a boolean that the
     rank recomputes a layer of kind k). uniform_recompute: r_s = min(N, t_s) for one integer N,
-    Megatron's one --recompute-num-layers (the exportable answer)."""
+    Megatron's one --recompute-num-layers (the exportable answer).
+    Time: the seeds are scored first (`scores`: a cache of score_layout by layout that
+    callers solving the same skeleton twice share, two_phase), the local search takes at most
+    local_fraction of the limit and a quarter of what is left, CP-SAT the rest. The bound
+    reported is the best of CP-SAT's and work_bound_s (bound_source says which): a search whose
+    CP-SAT rounds prove nothing in time still carries a proven gap."""
     start = time.perf_counter()
+    scores = {} if scores is None else scores
+
+    def score_of(layout: StageLayout):
+        if layout not in scores:
+            scores[layout] = score_layout(ctx, layout)
+        return scores[layout]
+
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
     if neighbour_paths is None:
@@ -685,6 +738,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         model.Add(z >= sum(int(n_f[s]) * f_expr[s] + int(n_b[s]) * b_expr[s] for s in range(stages) if n_f[s] or n_b[s]))
         return True
 
+    for n_f, n_b in sorted(paths or ()):  # a previous search's paths of this skeleton: cuts for every layout
+        cut(np.array(n_f), np.array(n_b))
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
         if chunk_spread is None or (n_f == n_b).all():
             cut(n_f, n_b)
@@ -718,11 +773,36 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         seeds = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
                       for seed, n in ((seed, seed.uniform_recompute()) for seed in seeds)
                       for n in [n if n is not None else max(seed.recompute)])
-    for layout in seeds:  # known layouts: their critical paths as cuts, the best that fits as the incumbent
-        score = score_layout(ctx, layout)
-        cut(*_path_of(ctx, score))
+    if recompute and level is None:
+        # each seed also with the fewest recomputed layers that make it fit (fewest_recompute);
+        # not with one N: a seed that one N makes fit (DeepSeek-V3's recipe split, N = 1 at
+        # 69.8 s) can hold the local search in a basin that N = 0 layouts (61.0 s) are not near
+        repaired = [fewest_recompute(ctx, seed.with_recompute([0] * stages), lin) for seed in seeds if seed.stages == stages]
+        seeds = tuple(dict.fromkeys(seeds + tuple(x for x in repaired if x is not None)))
+    # Known layouts: their critical paths as cuts, the best that fits as the incumbent. Those
+    # with the MTP modules where the search puts them are measured on the schedule graph and
+    # the linear memory test (the exact model's, ~20x faster than its op-by-op simulation,
+    # which at m = 480 took ~0.8 s a seed: a third of a 10 s budget with four seeds), and
+    # only the fastest that passes is simulated, to confirm it; the others are scored exactly.
+    standard = tuple(int(x) for x in mtp)
+    graph_seeds = [layout for layout in seeds if layout.mtp == standard and layout.stages == stages]
+    candidates = [layout for layout in seeds if layout not in graph_seeds]
+    if graph_seeds:
+        counts, recomputed = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout in graph_seeds]))
+        f, b = lin.times(counts, recomputed if recompute else None)
+        for n_f, n_b in zip(*schedule_graph(ctx).paths(f, b)):
+            cut(n_f, n_b)
+        fits = lin.fits(counts, recomputed if recompute else None)
+        values = schedule_graph(ctx).makespan(f, b)
+        candidates += [graph_seeds[k] for k in np.argsort(values, kind="stable") if fits[k]]
+    for layout in candidates:
+        score = score_of(layout)
+        if layout not in graph_seeds:
+            cut(*_path_of(ctx, score))
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
+        if score.fits and layout in graph_seeds:
+            break  # the fastest graph seed that fits: the others are slower
 
     nearest = None
 
@@ -739,7 +819,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         for n_f, n_b in paths:
             cut(n_f, n_b)
         found = make(decoders + recomputed)
-        score = score_layout(ctx, found)
+        score = score_of(found)
         add_rows(decoders + recomputed)
         nearest = found  # a repair that fell short still makes CP-SAT's best hint
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
@@ -807,11 +887,13 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         model.Add(memory_rows[r, -1] <= budget * 1000)
     for layout in seeds:
         add_rows(layout.decoders + layout.recompute)
+    # the local search gets its share of what the seeds left, so that CP-SAT keeps the most
+    local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
     if best is not None:
-        descend(best, local_fraction * time_limit_s)
+        descend(best, local_s)
     elif seeds:  # no seed fits: repair the one least over the capacity
         over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
-        descend(seeds[int(np.argmin(over))], local_fraction * time_limit_s)
+        descend(seeds[int(np.argmin(over))], local_s)
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
         for rank_ops in ctx.ops:
@@ -851,7 +933,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 if values[k] >= best_score.pipeline_s - best_score.pp_exposed_s:
                     break
                 layout = make(part[k])
-                score = score_layout(ctx, layout)
+                score = score_of(layout)
                 new |= add_rows(part[k])
                 if score.fits:
                     best, best_score, new = layout, score, True
@@ -877,7 +959,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             z_domain[0], z_domain[1] = 0, max(int(math.floor((best_makespan - 2 * slack) * TIME_SCALE)), 0)
             found = _Answers(vars_)
             solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if not stalled else remaining, 0.05)
+            # a round cut short loses its presolve and LP with it: where less than two rounds'
+            # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
+            # for ~2.6 s of a 4 s round)
+            capped = not stalled and remaining >= 2 * round_limit_s
+            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
             solver.parameters.num_workers = int(workers)
             solver.parameters.random_seed = 0
             status = solver.Solve(model, found)
@@ -919,7 +1005,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
         bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
         layout = make([solver.Value(v) for v in vars_])
-        score = score_layout(ctx, layout)
+        score = score_of(layout)
         makespan = score.pipeline_s - score.pp_exposed_s
         if score.fits and (best_score is None or makespan < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = layout, score
@@ -939,9 +1025,29 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if not added and status == cp_model.OPTIMAL:
             proven = True  # its own path was already a cut: CP-SAT's value is its makespan
             break
+    if paths is not None:
+        paths.update(cuts)
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
+    source = "cp-sat"
+    if not proven:
+        floor = work_bound_s(ctx, lin) - slack
+        if floor > bound:
+            bound, source = floor, "work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
-                          proven, time.perf_counter() - start, best_score.fits, rounds)
+                          proven, time.perf_counter() - start, best_score.fits, rounds, source)
+
+
+def work_bound_s(ctx: LayoutContext, lin: "LinearLayouts | None" = None) -> float:
+    """A makespan lower bound for every layout, without CP-SAT: a rank runs each of its
+    chunks' m forwards and m backwards one after another, so the makespan is at least the
+    busiest rank's m * sum of its stages' (F_s + B_s), at least the mean over ranks, and the
+    ranks' sum is m * (every layer's forward+backward + the stages' constant terms) whatever
+    the layout (recompute only adds). The floor of a search whose CP-SAT rounds proved less (or
+    never ran): the answer then still carries a proven gap."""
+    lin = lin or LinearLayouts(ctx)
+    counts = lin.run_counts(np.array([[len(ctx.kind_of_layer)] + [0] * (lin.stages - 1)]))  # any layout: the totals per run
+    total = float(counts[0].sum(axis=0) @ (lin.forward_s + lin.backward_s)) + float(lin.const_forward_s.sum() + lin.const_backward_s.sum())
+    return ctx.microbatches * total / ctx.pp
 
 
 def segment_paths(ops, stages: int, microbatches: int):
@@ -1083,22 +1189,32 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0, uniform_recompute
             yield chosen, score_layout(ctx, chosen)
 
 
-def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...]) -> tuple[LayoutSolution | None, LayoutSolution]:
+def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...],
+              regular_share: float = 0.4, free_floor: float = 0.3) -> tuple[LayoutSolution | None, LayoutSolution]:
     """Regular layouts first (chunks of a rank within one layer: a small model that CP-SAT
-    certifies or nearly so) with at most half the time, then free layouts seeded with that
-    answer, with the rest.
+    certifies or nearly so) with `regular_share` of the time, then free layouts seeded with that
+    answer, with what is left and never less than `free_floor` of the limit (so a regular phase
+    that overruns its share, CP-SAT presolve included, cannot leave the free phase nothing:
+    the free search's bound is the one reported, and it needs CP-SAT rounds of its own). The
+    seeds' scores are shared by both phases (the exact model simulates each seed once).
     Returns (the regular search's answer, None where no regular layout fits; the free
-    search's), the free one never worse; its bound is the one that holds for every layout."""
+    search's), the free one never worse; its bound is the one that holds for every layout
+    (a bound of the regular phase holds among regular layouts only, so it is not carried
+    over; where the free phase's CP-SAT rounds proved less than work_bound_s, that is its
+    bound and bound_source says so)."""
     start = time.perf_counter()
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
+    scores: dict = {}
+    paths: set = set()  # the regular phase's critical paths: cuts that hold for free layouts too
     first = None
     try:
-        first = solve_layout(ctx, time_limit_s / 2, workers, seeds=regular_seeds, chunk_spread=1)
+        first = solve_layout(ctx, regular_share * time_limit_s, workers, seeds=regular_seeds, chunk_spread=1, scores=scores, paths=paths)
     except LayoutError:
         pass  # no regular layout fits: the free search alone
     more = (first.layout,) if first is not None else ()
     # what the regular search left (it stops early once certified) goes to the free search
-    second = solve_layout(ctx, max(time_limit_s - (time.perf_counter() - start), 0.05), workers, seeds=seeds + more)
+    left = max(time_limit_s - (time.perf_counter() - start), free_floor * time_limit_s)
+    second = solve_layout(ctx, left, workers, seeds=seeds + more, scores=scores, paths=paths)
     return first, second
 
 
@@ -1127,6 +1243,12 @@ def launch_recompute(layout: StageLayout) -> dict:
     if n == 0:
         return {"recompute": "none", "recompute_method": None, "recompute_num_layers": None}
     return {"recompute": "full", "recompute_method": "block", "recompute_num_layers": n}
+
+
+_BOUND_NOTES = {
+    "cp-sat": "proven by CP-SAT over the critical-path cuts, for every layout of the skeleton",
+    "work": "no CP-SAT round proved more in time: the busiest rank's least work (work_bound_s), for every layout of the skeleton",
+}
 
 
 def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) -> tuple[dict, StageLayout | None]:
@@ -1164,6 +1286,7 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         "gain": own_score.step_time_s / solution.step_time_s - 1.0,
         "makespan_lower_bound_s": solution.lower_bound_s,
         "gap": solution.gap,
+        "bound": _BOUND_NOTES[solution.bound_source],
         "optimal": solution.optimal,
         "rounds": solution.rounds,
         "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0) + (free.solve_s if free is not solution else 0.0),
@@ -1183,5 +1306,5 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
             report["best_any_recompute"] = {
                 "note": "per-stage recompute counts that no one --recompute-num-layers gives: not launchable by Megatron",
                 "layout": free.layout.to_megatron(), "recompute": list(free.layout.recompute), "step_time_s": free.step_time_s,
-                "optimal": free.optimal, "gap": free.gap}
+                "optimal": free.optimal, "gap": free.gap, "bound": _BOUND_NOTES[free.bound_source]}
     return report, solution.layout if better else None

@@ -359,3 +359,61 @@ def test_layout_report_states_whether_megatron_can_launch_the_recompute(tmp_path
                                         {"recompute": "none", "recompute_method": None, "recompute_num_layers": None})
     with pytest.raises(LayoutError, match="one N"):
         launch_recompute(layout.with_recompute(other["recompute"]))
+
+
+@pytest.mark.parametrize("pp,vp", [(2, 2), (4, 1)])
+def test_work_bound_holds_for_every_layout(tmp_path, recompute_layouts, pp, vp):
+    """work_bound_s (the floor of every search's bound) never exceeds the simulated makespan
+    of any layout and recompute vector, fitting or not, and is no trivial bound: within a
+    factor 2 of the best."""
+    from optimizer.layout_search import work_bound_s
+
+    ctx = recompute_context(tmp_path, pp, vp, 200000)
+    floor = work_bound_s(ctx)
+    makespans = [makespan for _, _, makespan, _ in recompute_layouts[pp, vp]]
+    assert floor <= min(makespans) * (1 + 1e-12)
+    assert floor > 0.5 * min(makespans)
+
+
+@pytest.mark.parametrize("memory_mib", [200000, 44000])
+@pytest.mark.parametrize("time_limit_s", [0.02, 0.5, 20.0])
+def test_two_phase_bound_is_the_free_search_own(tmp_path, recompute_layouts, memory_mib, time_limit_s):
+    """`mofa solve --pipeline-layouts`' two phases with recompute: whatever the time limit,
+    the free phase returns a proven bound (never 0, never above the least makespan over every
+    fitting layout, enumerated) and says what proved it: CP-SAT where a round did, the work
+    bound where none could (the shortest limit); with time, it certifies the optimum."""
+    ctx = recompute_context(tmp_path, 2, 2, memory_mib)
+    fits = fitting(recompute_layouts[2, 2], ctx)
+    best = min(makespan for _, _, makespan, _ in fits)
+    seed = max(fits, key=lambda entry: entry[2])[0]  # the slowest layout that fits: an incumbent, far from the optimum
+    first, second = two_phase(ctx, time_limit_s, 2, (seed,))
+    assert second.fits and 0 < second.lower_bound_s <= best * (1 + 1e-9)
+    assert second.bound_source in ("cp-sat", "work")
+    if second.bound_source == "cp-sat":
+        assert second.rounds >= 1
+    if time_limit_s >= 20:
+        assert second.optimal and second.makespan_s == pytest.approx(best, rel=1e-6)
+
+
+@pytest.mark.parametrize("memory_mib", [49000, 44000, 39000])
+def test_fewest_recompute_fits(tmp_path, recompute_layouts, memory_mib):
+    """fewest_recompute makes a layout fit (the exact model's test) with recomputed layers only
+    where needed: none where it already fits; None exactly where even recomputing every layer
+    does not fit (every layout at 39000 MiB); the uniform variant gives one N."""
+    from costmodel.stage_layout import score_layout
+    from optimizer.layout_search import fewest_recompute
+
+    ctx = recompute_context(tmp_path, 2, 2, memory_mib)
+    for layout, *_ in recompute_layouts[2, 2][::97]:
+        plain = layout.with_recompute([0] * 4)
+        everything_fits = score_layout(ctx, plain.with_recompute(plain.decoders)).fits
+        for uniform in (False, True):
+            repaired = fewest_recompute(ctx, plain, uniform=uniform)
+            assert (repaired is None) == (not everything_fits)
+            if repaired is None:
+                continue
+            assert repaired.decoders == plain.decoders and score_layout(ctx, repaired).fits
+            if score_layout(ctx, plain).fits:
+                assert not repaired.any_recompute
+            if uniform:
+                assert repaired.uniform_recompute() is not None
