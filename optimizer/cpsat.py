@@ -4,9 +4,10 @@ What the solver decides (OR-Tools CP-SAT): one Boolean per admissible *row* -- a
 (tp, cp, pp, vp, ep, etp, micro-batch, layer split, schedule, CP variant, HSDP group: an
 admissible layout from the search space) with a memory choice (recompute variant, activation
 offload, ZeRO stage and resharding, CPU optimizer) -- exactly one of them, under the memory
-constraints of eq. 6 (GPU and host). The five pure-time overlap switches (TP, CP, EP, PP, DP
-overlap) change no memory; the bound takes the best of them, and the outer loop evaluates every
-admissible choice exactly.
+constraints of eq. 6 (GPU and host). The five overlap switches (TP, CP, EP, PP, DP overlap)
+change no memory, but for TP overlap's staging buffers and, under DTensor TP, the gathered
+inputs it drops (a row's memory is then its least over TP overlap); the bound takes the best of
+them, and the outer loop evaluates every admissible choice exactly.
 
 Tables (`build_tables`) come from the exact model itself: `evaluate` scores every row under
 its first (TP, CP, EP, DP) overlap choice, which gives its memory, and the rows that fit under
@@ -224,10 +225,13 @@ def table_work(problem: Problem, space: SearchSpace) -> tuple[float, int]:
     fits = _fitting(problem, ev.memory_bytes["peak"], ev.host_bytes)[2]
     others = np.bincount(np.concatenate(group)[fits], weights=np.concatenate(weights)[fits], minlength=len(groups))
     batches = SCORING_BATCHES
-    for (skeletons, mem_ok, _), extra in zip(groups, others):
+    lean_rows = 0
+    for (skeletons, mem_ok, triples), extra in zip(groups, others):
         blocks = -(-len(skeletons) * len(mem_ok) // CHUNK)
-        batches += 2 * blocks + int(math.ceil(extra / CHUNK))  # first choices and the pp rules per block, then the others
-    return rows + float(others.sum()), batches
+        lean = _lean_tp_overlap(problem, triples) is not None  # the first choices scored twice
+        lean_rows += lean * len(skeletons) * len(mem_ok)
+        batches += (2 + 2 * lean) * blocks + int(math.ceil(extra / CHUNK))  # first choices and the pp rules per block, then the others
+    return rows + lean_rows + float(others.sum()), batches
 
 
 def enumeration_work(space: SearchSpace) -> tuple[float, int, int]:
@@ -303,11 +307,28 @@ def _bound_terms(problem: Problem, space: SearchSpace, cfg: ConfigBatch) -> dict
     }
 
 
+def _lean_tp_overlap(problem: Problem, triples: np.ndarray) -> np.ndarray | None:
+    """The first overlap choice with TP overlap on, where that can take memory away: without
+    Megatron's async backward (training.tp_backward_overlap false: DTensor TP), the column-parallel
+    GEMMs keep their all-gathered inputs unless TP overlap (async TP) fuses the gathers
+    (costmodel.architecture.Shard.keeps_gathered). None where TP overlap only adds memory
+    (its staging buffers) or is not a choice."""
+    j = LAYER_OVERLAPS.index("tp_overlap")
+    if problem.training.tp_backward_overlap or not np.any(triples[:, j] == 1):
+        return None
+    lean = triples[:1].copy()
+    lean[0, j] = 1.0
+    return lean
+
+
 def _block_tables(problem: Problem, space: SearchSpace, row_sk: np.ndarray, row_choice: np.ndarray, triples: np.ndarray, out_of_time=None, stopped: list | None = None):
     """(skeleton, memory choice, objective, memory, host) of the admissible rows of a block
     that fit in memory. A row's memory is its first overlap choice's: the layer overlaps
     change no memory but for TP overlap's buffers, which only add, and the first choice has
-    TP overlap off wherever off is allowed. So every row is scored under its first choice,
+    TP overlap off wherever off is allowed -- except under DTensor TP, where TP overlap (async
+    TP) also drops the gathered inputs the GEMMs keep: there the row's memory is the least of
+    the first choice and the first choice with TP overlap on (`_lean_tp_overlap`; the exact
+    model checks the chosen configuration's own). So every row is scored under its first choice,
     and only the rows that fit (build_model's capacities, in its units) under the others: the
     rows that cannot fit (three in four on DeepSeek-V3 on 1,024 GPUs) cost one configuration
     each, not one per overlap choice (`_fitting`). When `out_of_time()` turns true between batches, the
@@ -315,7 +336,12 @@ def _block_tables(problem: Problem, space: SearchSpace, row_sk: np.ndarray, row_
     G = problem.cluster.num_gpus
     first = _row_configs(problem, space, row_sk, row_choice, triples[:1])
     terms = _bound_terms(problem, space, first)
-    memory, host, fits = _fitting(problem, terms["peak"], terms["host"])
+    peak, host_bytes = terms["peak"], terms["host"]
+    lean = _lean_tp_overlap(problem, triples)
+    if lean is not None:  # a row's memory is its least over TP overlap: DTensor TP drops its gathered inputs with it
+        alt = _bound_terms(problem, space, _row_configs(problem, space, row_sk, row_choice, lean))
+        peak, host_bytes = np.minimum(peak, alt["peak"]), np.minimum(host_bytes, alt["host"])
+    memory, host, fits = _fitting(problem, peak, host_bytes)
     fit = np.flatnonzero(fits)
     n_tri = len(triples)
     steady, update = np.empty((len(fit), n_tri)), np.empty((len(fit), n_tri))
