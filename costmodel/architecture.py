@@ -26,11 +26,13 @@ Conventions
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from costmodel.specs import ModelSpec, TrainingSpec
+from costmodel.units import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,10 @@ class LayerWork:
     attention_class: str = "attention"  # the operator class of its attention core (efficiency curve)
     ep_chunks: np.ndarray | float = 1.0  # all-to-alls per dispatch (and per combine): MemFine's FCDA chunks
     ep_buffer_bytes: np.ndarray | float = 0.0  # the combine's receive buffer: this rank's own token copies (one chunk's)
+    # weights wider than the compute (fp32 under autocast): the per-micro-batch casts of the GEMM
+    # weights (forward) and of their gradients back (backward), bytes (`weight_casts`)
+    cast_f_bytes: np.ndarray | float = 0.0
+    cast_b_bytes: np.ndarray | float = 0.0
 
     @property
     def chunked_bytes(self) -> np.ndarray:
@@ -527,8 +533,23 @@ def layer_work(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, kind: tuple) -
     ((lo, hi), 0 = the first MoE layer, 1 = the last; see `imbalance_factor`)."""
     attention, mlp = kind[:2]
     if mlp == "moe":
-        return moe_layer(m, tr, sh, D, attention, kind[2] if len(kind) > 2 else (0.0, 1.0))
-    return dense_layer(m, tr, sh, D, attention)
+        work = moe_layer(m, tr, sh, D, attention, kind[2] if len(kind) > 2 else (0.0, 1.0))
+    else:
+        work = dense_layer(m, tr, sh, D, attention)
+    return weight_casts(work, tr, D)
+
+
+def weight_casts(work: LayerWork, tr: TrainingSpec, D: int) -> LayerWork:
+    """Weights kept wider than the compute dtype (training.dtypes.params fp32 under PyTorch's
+    bf16 autocast): each forward of a micro-batch casts every GEMM weight it uses (autocast caches
+    the cast within one forward, a full recompute casts again), reading D_para and writing D bytes
+    a parameter; the backward casts each weight gradient back, D and D_grad bytes. Megatron and
+    FSDP's mixed precision keep or gather the weights in the compute dtype: nothing here."""
+    d_para, d_grad = DTYPE_BYTES[tr.dtypes.params], DTYPE_BYTES[tr.dtypes.grads]
+    if d_para <= D:
+        return work
+    weights = work.params_local + work.expert_params_local
+    return dataclasses.replace(work, cast_f_bytes=(d_para + D) * weights, cast_b_bytes=(D + d_grad) * weights)
 
 
 def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
@@ -688,6 +709,8 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
     # bf16 logits unless the loop dropped them (no PP)
     kept_logits = np.where(tr.logits_freed_before_backward & (pp == 1), 0.0, D)
     eager_forward = D + 4 + 4 + 4.0 * (t > 1)
+    d_para = DTYPE_BYTES[tr.dtypes.params]
+    head_cast = (d_para + D) * V * h / t if d_para > D else 0.0 * t
     eager_backward = 4 + 8 + kept_logits
     loss_bytes = np.maximum(eager_forward, eager_backward) if tr.loss_kernel == "eager_fp32" else 4.0 + 0.0 * t
     head = Gemm("head", T, V / t, np.full_like(T, h))
@@ -697,7 +720,9 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
         embedding_memory_bytes=2 * D * T * h,
         head_gemm=head,
         # final norm; logits written (D), upcast to fp32, softmax and loss: ~4 fp32 passes
-        head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits,
+        # (+ autocast's cast of the output weight, and of its gradient back, where the weights
+        # are wider than the compute: `weight_casts`)
+        head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits + head_cast,
         # held for the loss: the final-norm input and output, and the loss's peak (above)
         head_saved=D * Tsp * h + D * Tsp * h + loss_bytes * logits,
         head_tp_bytes=np.where(t > 1, D * T * h, 0.0),

@@ -209,6 +209,10 @@ def layer_time(
     relaunch = (chunks - 1.0) * comp.overhead * sum(1.0 for g in work.gemms if g.kind == "grouped_gemm")
     comp_f = comp_gemm_f + attn_f + mem_total + relaunch
     comp_b = dgrad + wgrad + 2.0 * mem_total + attn_b + 2.0 * relaunch
+    # autocast's weight casts (fp32 weights, bf16 compute): one per GEMM weight each way
+    casts = float(len(work.gemms)) * (np.asarray(work.cast_f_bytes) > 0)
+    comp_f = comp_f + comp.memory_time(work.cast_f_bytes, casts)
+    comp_b = comp_b + comp.memory_time(work.cast_b_bytes, casts)
 
     c = collectives(work, model, cfg, place, net, dispatcher)
 

@@ -51,8 +51,10 @@ def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
     other H100 source, within the issue's 10% per source. The tolerance is the figure
-    results/reference/validate.txt records for this source (6.0%, held out; 6.4% before the
-    async backward TP collectives slowed only the GEMM they overlap, eq. 24's form; 7.0% before
+    results/reference/validate.txt records for this source (4.6%, held out; 6.0% before the
+    device steps' fp32 weights were cast under autocast, which a 30 us per-kernel overhead stood
+    in for; 6.4% before the async backward TP collectives slowed only the GEMM they overlap, eq.
+    24's form; 7.0% before
     the column-parallel backward hid its collective behind wgrad as Megatron does and the fit
     took the contention of overlapped data-parallel collectives). It was 22.1% while
     the source left CP's ring exchange unoverlapped, which Transformer Engine always overlaps with
@@ -71,7 +73,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 6.00 + 0.005  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 4.57 + 0.005  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():

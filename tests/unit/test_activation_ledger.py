@@ -165,3 +165,21 @@ def test_loss_bytes_per_logit_at_its_peak(loss_kernel, freed, t, pp, per_logit):
     norm = 2 * 2 * s * b * m.hidden_size / t  # the final norm's input and output (SP-sharded)
     logits = s * b * m.vocab_size / t
     assert float(edge.head_saved[0]) == pytest.approx(norm + per_logit * logits)
+
+
+def test_autocast_casts_fp32_weights_each_forward_and_their_gradients_back():
+    """fp32 weights under bf16 autocast (training.dtypes.params fp32): every GEMM weight is read
+    in fp32 and written in bf16 once per forward (6 bytes a parameter), its gradient cast back
+    to fp32 in the backward (2 + 4 bytes); bf16 weights (Megatron, FSDP's mixed precision) move
+    nothing of the kind."""
+    m = MODELS["llama3.1-8b"]
+    fp32 = TrainingSpec(global_batch_size=8, seq_len=2048, dtypes={"params": "fp32", "grads": "fp32", "optimizer": "fp32"})
+    bf16 = TrainingSpec(global_batch_size=8, seq_len=2048)
+    kind = ("full_attention", "dense")
+    cast = arch.layer_work(m, fp32, shard(), 2, kind)
+    plain = arch.layer_work(m, bf16, shard(), 2, kind)
+    assert float(cast.cast_f_bytes[0]) == float(cast.cast_b_bytes[0]) == 6 * float(cast.params_local[0])
+    assert plain.cast_f_bytes == plain.cast_b_bytes == 0.0
+    V, h = m.vocab_size, m.hidden_size
+    head = lambda tr: float(arch.edges(m, tr, shard(), 2, np.array([1.0])).head_memory_bytes[0])
+    assert head(fp32) - head(bf16) == pytest.approx(6 * V * h)
