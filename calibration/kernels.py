@@ -12,6 +12,8 @@ model runs):
   GEMM (bf16, fp8):   T = 2MNK / min(bw * AI * B_hbm, peak_fraction * P * wave(M,N) * K/(K + k_half)) + t_launch
   fused attention:    T_fwd = F / (peak_fraction * P * L/(L + seq_half)) + t_launch, T_bwd = ratio * T_fwd
   memory-bound:       T = bytes / (fraction * B_hbm) + kernels * t_launch
+  Gated DeltaNet:     T_fwd = max(F / (peak_fraction * P), floor) + t_launch, T_bwd = ratio * T_fwd
+                      (F: the FLOPs architecture.linear_attention_block counts; fla's chunked kernels)
 
 The output tile (wave quantization) is chosen among the tiles cuBLAS runs on the chip by the
 same criterion. GEMMs are fitted on the random (M, N, K) grid and *tested* on the layers of real
@@ -65,11 +67,12 @@ class FitQuality:
         return f"median |err| {self.median_abs_pct:.1f}%, p90 {self.p90_abs_pct:.1f}% (n={self.n})"
 
 
-def read_runs(folder: Path, table: str) -> list[dict]:
-    """Rows of `table` from every run folder, each timing the geometric mean over the runs that
-    measured the same kernel (a second run is a repeat, not new shapes)."""
+def read_runs(folder: Path, table: str, runs: str = "run*") -> list[dict]:
+    """Rows of `table` from every run folder (`runs`, a glob under `folder`), each timing the
+    geometric mean over the runs that measured the same kernel (a second run is a repeat, not
+    new shapes)."""
     groups: dict[tuple, list[dict]] = {}
-    for run in sorted(folder.glob("run*")):
+    for run in sorted(folder.glob(runs)):
         path = run / f"{table}.csv"
         if not path.exists():
             continue
@@ -258,6 +261,54 @@ def fit_grouped(hw: HardwareSpec, rows: list[dict], bf16: dict) -> dict | None:
 
 
 # --------------------------------------------------------------------------------------------
+# Linear attention (Gated DeltaNet)
+# --------------------------------------------------------------------------------------------
+#: calls with at least this many tokens x value heads set the backward ratio (see fit_linear_attention)
+LINEAR_RATIO_MIN_WORK = 16384 * 32
+
+
+def linear_attention_predict(hw: HardwareSpec, flops, peak_fraction, floor_us, overhead_us) -> np.ndarray:
+    spec = _with(hw, mode="modified_roofline", linear_attention={"peak_fraction": float(peak_fraction), "bandwidth_fraction": 0.8},
+                 linear_attention_floor_us=float(floor_us), kernel_overhead_us=float(overhead_us))
+    return ComputeModel(spec, "bf16", 2).attention_time(np.asarray(flops, float), kind="linear_attention")
+
+
+def fit_linear_attention(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> dict | None:
+    """flash-linear-attention's chunked Gated DeltaNet (bench/device/measure_linear_attention.py):
+    the forward's peak fraction at the FLOPs the model counts and its per-call floor (fla
+    dispatches ~10 Triton kernels a call from Python: a call with little GPU work waits on that),
+    both by least squares on log time over every row; the backward/forward ratio from the calls
+    with at least 16K tokens x 32 value heads (Qwen3.5's heads on one rank), where the GPU work
+    dominates. Reported apart, not fitted: the backward of the smaller calls, whose ratio ranges
+    2-6 (TP-thin calls of 2-8 value heads leave most SMs idle in the sequential state pass)."""
+    if not rows:
+        return None
+    col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
+    work = lambda r: int(r["batch"]) * int(r["seq"]) * int(r["v_heads"])  # noqa: E731
+    flops, fwd = col(rows, "fwd_flops"), col(rows, "fwd_ms") * 1e-3
+    sol = least_squares(lambda x: np.log(linear_attention_predict(hw, flops, x[0], x[1], overhead_us) / fwd),
+                        x0=[0.1, 300.0], bounds=([0.005, 0.0], [1.0, 5000.0]))
+    large = [r for r in rows if work(r) >= LINEAR_RATIO_MIN_WORK]
+    small = [r for r in rows if work(r) < LINEAR_RATIO_MIN_WORK]
+    ratios = np.log(col(large, "bwd_ms") / col(large, "fwd_ms"))
+    ratio = float(np.exp(np.median(ratios)))
+
+    def backward_err(rs_):
+        if not rs_:
+            return None
+        return FitQuality.of(np.log(ratio * linear_attention_predict(hw, col(rs_, "fwd_flops"), *sol.x, overhead_us) / (col(rs_, "bwd_ms") * 1e-3)))
+
+    return {
+        "peak_fraction": float(sol.x[0]),
+        "floor_us": float(sol.x[1]),
+        "backward_ratio": ratio,
+        "fit": FitQuality.of(sol.fun),
+        "backward_fit": backward_err(large),
+        "small_calls_backward_not_modelled": backward_err(small),
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # Memory-bound kernels and the launch floor
 # --------------------------------------------------------------------------------------------
 KERNELS_PER_OP = {"copy": 1, "add": 1, "layer_norm": 1, "silu_mul": 2}
@@ -282,16 +333,19 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
     fp8 = fit_gemm(hw, gemm_rows, "fp8") if any(r["dtype"] == "fp8" for r in gemm_rows) else None
     overhead = bf16["overhead_us"]
     meta = json.loads(next(iter(sorted(folder.glob("run*/meta.json")))).read_text())
+    # the hybrid-attention kernels (bench/device/measure_linear_attention.py) are a folder of their own
+    linear_rows = read_runs(folder, "gdn", runs="linear_attention")
     return {
         "folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder),
         "device": meta["device"],
-        "taken_utc": sorted(json.loads(p.read_text())["taken_utc"] for p in folder.glob("run*/meta.json")),
+        "taken_utc": sorted(json.loads(p.read_text())["taken_utc"] for p in [*folder.glob("run*/meta.json"), *folder.glob("linear_attention/meta.json")]),
         "software": f"torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}",
         "gemm_bf16": bf16,
         "gemm_fp8": fp8,
         "grouped_gemm": fit_grouped(hw, read_runs(folder, "grouped_gemm"), bf16),
         "attention": fit_attention(hw, read_runs(folder, "attention"), overhead),
         "memory": fit_memory(hw, read_runs(folder, "memory"), overhead),
+        "linear_attention": fit_linear_attention(hw, linear_rows, overhead),
         "repeat_spread_gemm": run_to_run(folder, "gemm", "time_ms"),
     }
 
@@ -310,6 +364,11 @@ def profile_fields(fit: dict) -> dict:
     }
     if fit["grouped_gemm"]:
         fields["grouped_gemm"] = {"peak_fraction": round(fit["grouped_gemm"]["peak_fraction"], 4), "bandwidth_fraction": round(bf16["bandwidth_fraction"], 4)}
+    if fit.get("linear_attention"):
+        la = fit["linear_attention"]
+        fields["linear_attention"] = {"peak_fraction": round(la["peak_fraction"], 4), "bandwidth_fraction": 0.8}
+        fields["linear_attention_floor_us"] = round(la["floor_us"], 1)
+        fields["linear_attention_backward_ratio"] = round(la["backward_ratio"], 3)
     if fp8:
         fields["fp8_gemm"] = {"peak_fraction": round(fp8["peak_fraction"], 4), "bandwidth_fraction": round(fp8["bandwidth_fraction"], 4)}
     halves = []
@@ -358,6 +417,12 @@ def report(fit: dict) -> str:
                 lines.append(f"    not modelled, {what}: {b[key].text()}")
     lines.append(f"  attention backward/forward {att['backward_ratio']:.2f}: {att['backward_fit'].text()}")
     lines.append(f"  memory-bound fraction {fit['memory']['fraction']:.3f}: {fit['memory']['fit'].text()}")
+    la = fit.get("linear_attention")
+    if la:
+        lines.append(f"  Gated DeltaNet (fla chunked): peak_fraction {la['peak_fraction']:.4f}, per-call floor {la['floor_us']:.0f} us, "
+                     f"bwd/fwd {la['backward_ratio']:.2f}; forward fit {la['fit'].text()}, backward of the large calls {la['backward_fit'].text()}")
+        if la["small_calls_backward_not_modelled"]:
+            lines.append(f"    not modelled, the backward of calls under 16K tokens x 32 value heads: {la['small_calls_backward_not_modelled'].text()}")
     return "\n".join(lines)
 
 

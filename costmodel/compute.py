@@ -17,7 +17,8 @@ kernel timings (calibration/kernels.py, leave-one-model-out on real layers). The
 a data-gradient GEMM (M x K output over N) and a weight-gradient GEMM (K x N output over the M
 tokens): each is timed at its own shape. Fused attention runs at peak_fraction * L/(L + seq_half)
 with L the query tokens of one call, its backward `attention_backward_ratio` times the
-forward; each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton) may have
+forward (linear attention: its own peak fraction, never under a per-call floor, and its own
+backward ratio); each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton) may have
 its own curve. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
 attention and everything else stay in bf16 (Transformer Engine's and torchao's behaviour).
 MXFP8 is timed the same way, at the peak the GPU lists for it: Blackwell's tensor cores take
@@ -114,6 +115,9 @@ class ComputeModel:
         half = self.eff.attention_seq_half if self.eff.mode == "modified_roofline" and kind == "attention" else 0.0
         shape = 1.0 if half == 0 else query_tokens / (query_tokens + half)
         rate = self._achieved(kind, np.full_like(flops, 1e4), shape)
+        if kind == "linear_attention" and self.eff.mode == "modified_roofline":
+            # a call never beats its host-side dispatch (EfficiencyProfile.linear_attention_floor_us)
+            return np.maximum(flops / rate, self.eff.linear_attention_floor_us * US) + self.overhead
         return flops / rate + self.overhead
 
     def memory_time(self, nbytes: np.ndarray, kernels: float = 1.0) -> np.ndarray:

@@ -36,7 +36,8 @@ overlapped is fully exposed.
 
 The backward of every GEMM is a data-gradient and a weight-gradient GEMM, each timed at its own
 shape (costmodel.compute); the weight-gradient part (W) is kept apart for the zero-bubble family
-(DualPipeV). The fused attention backward is `attention_backward_ratio` times its forward.
+(DualPipeV). The fused attention backward is `attention_backward_ratio` times its forward, the
+linear-attention (Gated DeltaNet) backward `linear_attention_backward_ratio` times its own.
 """
 
 from __future__ import annotations
@@ -200,8 +201,11 @@ def layer_time(
     gemm_b = {g.name: comp.gemm_backward_times(g) for g in work.gemms}  # (dgrad, wgrad)
     dgrad = sum(d for d, _ in gemm_b.values()) if gemm_b else 0.0
     wgrad = sum(w for _, w in gemm_b.values()) if gemm_b else 0.0
-    attn_f = comp.attention_time(work.attention_flops_hw * attention_factor, attention_tokens, work.attention_class)
-    attn_b = attn_f * (2.0 if unfused_attention else eff.attention_backward_ratio)
+    linear = work.attention_class == "linear_attention"
+    # document masks shorten softmax attention's rows; the delta rule's work is linear in the
+    # tokens whatever the documents
+    attn_f = comp.attention_time(work.attention_flops_hw * (1.0 if linear else attention_factor), attention_tokens, work.attention_class)
+    attn_b = attn_f * (eff.linear_attention_backward_ratio if linear else 2.0 if unfused_attention else eff.attention_backward_ratio)
     mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
     mem_total = sum(mem_f.values())
     # MemFine FCDA: each grouped GEMM runs once per chunk (a launch each; their shapes are in the Gemm)

@@ -242,8 +242,24 @@ class EfficiencyProfile(Spec):
     )
     linear_attention: Curve = Field(
         default=Curve(peak_fraction=0.3),
-        description="the chunked linear-attention kernels (flash-linear-attention's Gated DeltaNet): an assumption "
-        "until measured -- their small per-chunk matmuls run well below the GEMM rate",
+        description="the chunked linear-attention kernels (flash-linear-attention's Gated DeltaNet), a fraction of the "
+        "bf16 peak at the FLOPs the model counts (architecture.linear_attention_block): measured on Hopper "
+        "(kernels/gh100.yaml: ~0.06, the small per-chunk matmuls and the sequential state pass run far below the "
+        "GEMM rate); elsewhere an assumption",
+    )
+    linear_attention_floor_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="the least a linear-attention forward call takes (its backward: this times the ratio): "
+        "flash-linear-attention dispatches ~10 Triton kernels a call from Python, and a call with little GPU work "
+        "waits on that (measured on Hopper: ~0.65 ms); 0 = no floor",
+    )
+    linear_attention_backward_ratio: float = Field(
+        default=3.0,
+        ge=1,
+        le=6,
+        description="linear-attention backward / forward time (fla recomputes the chunk states and runs the state "
+        "pass backwards): measured on Hopper, elsewhere an assumption",
     )
     gemm_k_half: float = Field(
         default=0.0,

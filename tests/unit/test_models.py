@@ -147,3 +147,19 @@ def test_gated_attention_costs_time_and_memory():
     ev = [evaluate(problem_for(m), cfg) for m in (plain, gated)]
     assert float(ev[1].step_time_s[0]) > float(ev[0].step_time_s[0])
     assert float(ev[1].memory_bytes["activations"][0]) > float(ev[0].memory_bytes["activations"][0])
+
+
+def test_document_masks_leave_the_linear_attention_work_alone():
+    """Document masks shorten softmax attention's rows (costmodel.documents); the delta rule's
+    work is linear in the tokens whatever the documents. A Qwen3.5 made of Gated DeltaNet layers
+    alone steps in the same time with and without masks; with its full-attention layers back,
+    the masks make it faster."""
+    hybrid = qwen35()
+    linear = hybrid.model_copy(update={"layer_types": ["linear_attention"] * hybrid.num_layers, "mtp_layers": 0})
+    cfg = ConfigBatch.from_columns(64, tp=2, cp=1, ep=8, etp=1, first_layers=40, last_layers=40)
+
+    def step(m, **training):
+        return float(evaluate(problem_for(m, seq_len=32768, **training), cfg).step_time_s[0])
+
+    assert step(linear, mean_document_tokens=2048) == pytest.approx(step(linear), rel=1e-12)
+    assert step(hybrid, mean_document_tokens=2048) < step(hybrid)
