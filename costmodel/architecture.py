@@ -552,6 +552,49 @@ def weight_casts(work: LayerWork, tr: TrainingSpec, D: int) -> LayerWork:
     return dataclasses.replace(work, cast_f_bytes=(d_para + D) * weights, cast_b_bytes=(D + d_grad) * weights)
 
 
+@dataclass(frozen=True)
+class OpSAC:
+    """What torchtitan's per-op selective activation checkpointing re-runs and keeps in one
+    dense layer (`op_sac`)."""
+
+    rerun_gemm_share: dict[str, np.ndarray | float]  # GEMM name -> share of its forward re-run in the backward
+    rerun_ops: tuple[str, ...]  # memory-bound kernels re-run in the backward
+    dropped_share: dict[str, np.ndarray | float]  # saved tensor -> share of it not kept (re-created)
+    extra_kept: np.ndarray  # bytes kept that no other setting keeps (a matmul output nothing saves)
+
+
+def op_sac(work: LayerWork) -> OpSAC:
+    """torchtitan's per-op selective activation checkpointing (SelectiveAC, the
+    `activation-checkpoint:selective` sub-command of torchtitan 0.3.0; selective_ac_option "op"
+    since April 2024): each block is checkpointed with a policy that keeps the outputs of the
+    ops in its save set (matmuls, the attention kernels, reduce-scatter, max) except every second
+    matmul -- a block's matmuls counted in call order, the even ones recomputed -- and recomputes
+    everything else, replaying the whole block (early_stop=False). A Llama block calls wq, wk,
+    wv, wo, w1, w3, w2: wq, wv, w1, w2 and the attention kernel are kept; wk, wo, w3 and every
+    memory-bound kernel (norms, rotary, SiLU x gate, residual adds) re-run. In the ledger: the
+    norm outputs and their eager internals, k, the residual after attention and SiLU x gate's
+    output are dropped, and the w3 half of fc1's output; w2's output, which nothing else keeps,
+    is kept (one residual-stream tensor). A GELU MLP calls fc1 (5th, kept) and fc2 (6th,
+    re-run). The model fuses wq, wk, wv into one GEMM: wk's share of it is k's columns'.
+    Modelled for dense layers with softmax flash attention and tp = 1 (rules.py `recompute_ops`:
+    under TP the policy also keeps the reduce-scatter outputs and re-gathers the inputs)."""
+    sv = work.saved
+    fc = {g.name: g for g in work.gemms}
+    gated = bool(np.all(fc["fc1"].n == 2 * fc["fc2"].k))  # SwiGLU: fc1 emits the gate and the up projection
+    k_share = sv["k"] / (sv["q"] + sv["k"] + sv["v"])
+    dropped: dict[str, np.ndarray | float] = {name: 1.0 for name in (
+        "qkv_input", "input_norm_internals", "k", "ln2_input", "mlp_norm_internals", "mlp_input", "act_out",
+        "attn_proj_dropout_mask", "mlp_dropout_mask") if name in sv}
+    if gated:
+        dropped["fc1_out"] = 0.5
+    return OpSAC(
+        rerun_gemm_share={"qkv": k_share, "o_proj": 1.0, "fc1": 0.5 if gated else 0.0, "fc2": 0.0 if gated else 1.0},
+        rerun_ops=tuple(op.name for op in work.memory_ops),
+        dropped_share=dropped,
+        extra_kept=sv["layer_input"] if gated else 0.0 * sv["layer_input"],  # w2's output: one residual-stream tensor
+    )
+
+
 def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str = "full_attention") -> LayerWork:
     at = attention_block(m, tr, sh, D, attention)
     T, Tsp, t, h = sh.tokens, sh.tokens_sp, sh.t, m.hidden_size

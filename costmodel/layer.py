@@ -15,6 +15,8 @@ T^BWD (eq. 8), per layer, per micro-batch, on one GPU, then modified by
     Document masks (costmodel.documents) scale the attention work of the rank that paces a layer.
   * EP overlap (eq. 22), forward of one micro-batch against backward of another:
         sum(T_comp) + sum(T_ep) -> max(alpha*sum(T_comp), beta*sum(T_ep))
+  * torchtitan's per-op selective recompute (module `ops`, architecture.op_sac): the backward
+    re-runs the share of each GEMM and the memory-bound kernels the policy does not keep;
   * selective recompute (eq. 30) by module (Megatron --recompute-modules): the backward re-runs
     the forward operators of the chosen modules (core_attn: the attention core; layernorm: the
     two norms; mlp: the dense MLP; moe_act: the expert activation; moe: the whole MoE block with
@@ -46,7 +48,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodel.architecture import CHUNKED, SAVED_TAGS, LayerWork
+from costmodel.architecture import CHUNKED, SAVED_TAGS, LayerWork, op_sac
 from costmodel.compute import ComputeModel
 from costmodel.configs import CP_COMM_CODES, OFFLOAD_LAYER, OFFLOAD_MODULE_BITS, RECOMPUTE_MODULE_BITS, ConfigBatch
 from costmodel.network import Group, Network
@@ -263,6 +265,11 @@ def layer_time(
     for op in work.memory_ops:
         if op.modules:
             recompute = recompute + in_any(mods, op.modules, RECOMPUTE_MODULE_BITS) * mem_f[op.name]
+    ops_on = has(mods, RECOMPUTE_MODULE_BITS["ops"])
+    if np.any(ops_on):  # torchtitan's per-op policy (rules keep it to dense softmax-attention layers)
+        policy = op_sac(work)
+        rerun = sum(share * gemm_f[name] for name, share in policy.rerun_gemm_share.items()) + sum(mem_f[name] for name in policy.rerun_ops)
+        recompute = recompute + ops_on * rerun
     # FCDA's chunked recompute (MemFine eq. 7): the backward re-runs each chunk's dispatch, expert
     # computation and combine, unless full recompute re-runs the layer anyway or the moe module
     # is already recomputed
@@ -298,6 +305,10 @@ def kept_bytes(work: LayerWork, cfg: ConfigBatch) -> np.ndarray:
         if name in CHUNKED:
             dropped = np.maximum(dropped, fcda)
         kept = kept - dropped * nbytes
+    ops_on = has(mods, RECOMPUTE_MODULE_BITS["ops"])
+    if np.any(ops_on):
+        policy = op_sac(work)
+        kept = kept + ops_on * (policy.extra_kept - sum(share * work.saved[name] for name, share in policy.dropped_share.items()))
     return kept
 
 

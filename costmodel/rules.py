@@ -64,6 +64,8 @@ RULES: dict[str, tuple[str, str]] = {
     "dp_shard_valid": ("dp_shard", "an HSDP sharding group must be a proper divisor > 1 of dp*cp, with zero_stage >= 1"),
     "recompute_method": ("recompute_num_layers", "full recompute needs 1 <= recompute_num_layers (block: fewer than a virtual stage's layers); other modes take none"),
     "recompute_modules": ("recompute_modules", "the recompute modules must exist in the model (moe_act/moe/shared_experts need MoE, shared_experts shared experts, mla_up_proj MLA)"),
+    "recompute_ops": ("recompute_modules", "ops (torchtitan's per-op selective AC) is modelled for dense models with softmax flash attention (no MoE, MLA, "
+                      "linear attention or output gate) and tp=1: under TP its policy also keeps the reduce-scatter outputs and re-gathers the inputs"),
     "offload_excludes_recompute": ("activation_offload", "activation offload cannot be combined with recompute"),
     "moe_chunks_needs_moe": ("moe_chunks", "chunked MoE dispatch (moe_chunks other than 1) needs an MoE model"),
     "feature_forced": ("features", "the configuration contradicts a feature the problem forces on or off"),
@@ -181,6 +183,8 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     if m.mla is None:
         bad_module |= _has(mods, RECOMPUTE_MODULE_BITS["mla_up_proj"])
     out["recompute_modules"] = bad_module
+    expressible = dense and m.mla is None and not m.attention_output_gate and "linear_attention" not in (m.layer_types or ()) and tr.attention_kernel == "flash"
+    out["recompute_ops"] = selective & _has(mods, RECOMPUTE_MODULE_BITS["ops"]) & ((t > 1) | (not expressible))
     out["offload_excludes_recompute"] = (cfg.activation_offload != 0) & (cfg.recompute != 0)
     out["moe_chunks_needs_moe"] = (cfg.moe_chunks != 1) & dense
 

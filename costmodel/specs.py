@@ -648,11 +648,13 @@ PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev")
 CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p")
 #: MemFine MACT: the chunk counts it chooses from (section 5.1, Method 3: thresholds [1, 2, 4, 8])
 MOE_CHUNK_BINS = (1, 2, 4, 8)
-#: Megatron-Core --recompute-modules (selective recompute)
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
+#: Megatron-Core --recompute-modules (selective recompute), and `ops`: torchtitan's per-op
+#: selective activation checkpointing (activation_checkpoint.selective_ac_option "op"; the
+#: policy is costmodel.architecture.op_sac)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj", "ops")
 #: Megatron-Core --offload-modules (fine-grained activation offloading)
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
-RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj"]
+RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj", "ops"]
 OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
 PPSchedule = Literal["1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev"]
 CPComm = Literal["p2p", "all_gather", "a2a", "a2a+p2p"]
@@ -829,7 +831,9 @@ class SearchSpec(Spec):
         description="hybrid sharding (HSDP): sharding-group sizes to try besides the whole dp*cp group; default none",
     )
     recompute_modules: list[list[RecomputeModule]] = Field(
-        default=[["core_attn"]], description="selective recompute: the module sets to try (Megatron --recompute-modules)"
+        default=[["core_attn"]],
+        description="selective recompute: the module sets to try (Megatron --recompute-modules; [ops] is torchtitan's "
+        "per-op policy, the default of a torchtitan search)",
     )
     recompute_block_layers: IntChoices = Field(
         default=None,
@@ -938,6 +942,8 @@ class SearchSpec(Spec):
             raise ValueError("an empty list admits no configuration")
         if any(isinstance(x, list) and not x for x in v):
             raise ValueError("an empty module list: leave the setting out instead")
+        if any(isinstance(x, list) and "ops" in x and len(x) > 1 for x in v):
+            raise ValueError("ops (torchtitan's per-op policy) decides for every op of a layer: a set with ops takes no other module")
         return v
 
 
@@ -983,7 +989,9 @@ class ConfigSpec(Spec):
         "in each virtual stage (default all)",
     )
     recompute_modules: list[RecomputeModule] | None = Field(
-        default=None, description="selective recompute: Megatron --recompute-modules (default core_attn)"
+        default=None,
+        description="selective recompute: Megatron --recompute-modules (default core_attn), or [ops]: torchtitan's per-op "
+        "policy (keeps the attention kernel's output and every other matmul's, recomputes the rest)",
     )
     moe_chunks: Annotated[Count, Field(gt=0)] | Literal["auto"] = Field(
         default=1,
@@ -1025,6 +1033,8 @@ class ConfigSpec(Spec):
     def _modules_not_empty(cls, v):
         if v is not None and not v:
             raise ValueError("an empty module list: use recompute: none instead")
+        if v is not None and "ops" in v and len(v) > 1:
+            raise ValueError("ops (torchtitan's per-op policy) decides for every op of a layer: it takes no other module")
         return v
 
     @field_validator("recompute_modules", "recompute_method", "recompute_num_layers", "pp_group", "cp_a2a", "reshard_after_forward")
@@ -1071,6 +1081,8 @@ class Problem(Spec):
             given = self.training.model_fields_set
             update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False)) if k not in given}
             object.__setattr__(self, "training", self.training.model_copy(update=update))
+            if "recompute_modules" not in self.search.model_fields_set:  # its selective AC is the per-op policy
+                object.__setattr__(self, "search", self.search.model_copy(update={"recompute_modules": [["ops"]]}))
         return self
 
     @model_validator(mode="after")

@@ -79,6 +79,7 @@ FEATURE_RULES = (
     "dp_shard_valid",
     "recompute_method",
     "recompute_modules",
+    "recompute_ops",
     "offload_excludes_recompute",
     "moe_chunks_needs_moe",
     "feature_forced",
@@ -108,6 +109,9 @@ def _modules_exist(modules, problem: Problem) -> bool:
         return False
     if m.moe is not None and not m.moe.num_shared_experts and "shared_experts" in modules:
         return False
+    if "ops" in modules and (m.moe is not None or m.mla is not None or m.attention_output_gate or "linear_attention" in (m.layer_types or ())
+                             or problem.training.attention_kernel != "flash"):
+        return False  # torchtitan's per-op policy is modelled for dense softmax-attention layers (rule recompute_ops)
     return m.mla is not None or "mla_up_proj" not in modules
 
 

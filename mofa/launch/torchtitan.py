@@ -13,7 +13,8 @@ Facts (read from the 0.3.0 sources, checked by tests/frameworks/):
   * CP: PyTorch's context parallel with its default all-gather rotation (no flag for another);
   * schedules: 1F1B, Interleaved1F1B, GPipe, LoopedBFS, DualPipeV (torch.distributed.pipelining);
     layers per stage with the first / last stage `less_layers` weights;
-  * activation checkpointing: none, full (every block) or per-op selective (not modules);
+  * activation checkpointing: none, full (every block) or per-op selective (SelectiveAC: the
+    plan's recompute_modules [ops]; not Megatron's modules);
   * CUDA graphs (training.disable_cuda_graphs, on by default) reject pp > 1 and the default
     EP dispatcher: the exporter disables them there;
   * mixed_precision_reduce is float32 only; training.enable_cpu_offload offloads FSDP's
@@ -114,7 +115,8 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
         args += ["--checkpoint.enable", "--checkpoint.interval", str(p.checkpoint_interval)]
     else:
         args += ["--checkpoint.no-enable"]
-    args.append("activation-checkpoint:full" if p.recompute == "full" else "activation-checkpoint:none")
+    # selective here is only the per-op policy (recompute_modules [ops]): the rules refuse modules
+    args.append({"full": "activation-checkpoint:full", "selective": "activation-checkpoint:selective"}.get(p.recompute, "activation-checkpoint:none"))
     return args
 
 

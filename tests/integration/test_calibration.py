@@ -51,7 +51,8 @@ def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
     other H100 source, within the issue's 10% per source. The tolerance is the figure
-    results/reference/validate.txt records for this source (4.6%, held out; 6.0% before the
+    results/reference/validate.txt records for this source (4.35%, held out; 4.6% before the
+    other sources gained torchtitan's per-op checkpointing rows; 6.0% before the
     device steps' fp32 weights were cast under autocast, which a 30 us per-kernel overhead stood
     in for; 6.4% before the async backward TP collectives slowed only the GEMM they overlap, eq.
     24's form; 7.0% before
@@ -73,7 +74,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 4.57 + 0.005  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 4.35 + 0.005  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():
@@ -98,7 +99,7 @@ def test_validate_reports_per_source_unexplained_and_skipped():
     unexplained = {u["name"]: u["reason"] for u in doc["unexplained"]}
     assert "GiB" in unexplained["llama3-405b-8192gpu_seq8k"]  # the model's memory estimate does not fit it
     assert doc["scored"] == sum(1 for p in doc["points"] if p["fitted"] and not p["unexplained"])
-    assert len(doc["skipped"]) == 17 + 11 and all(s["reason"] for s in doc["skipped"])  # 17 public rows, 11 device OOM configurations
+    assert len(doc["skipped"]) == 8 + 11 and all(s["reason"] for s in doc["skipped"])  # the B200 table's 8 rows, 11 device OOM configurations
     assert doc["peak_memory"]["n"] >= 10
     strict = run("validate", str(PROBLEMS / "validation"), "--max-mape", "0.5")
     assert strict.returncode == 1 and "exceeds --max-mape" in strict.stderr

@@ -397,3 +397,16 @@ def test_moe_dispatcher_capacity_factor_and_chunks():
     assert "--moe-flex-dispatcher-backend deepep" not in flags
     with pytest.raises(ExportError, match="chunked MoE dispatch"):
         megatron_flags(plan_of(problem, tp=1, pp=16, ep=64, layer_split="uneven", moe_chunks=4))
+
+
+def test_torchtitan_per_op_checkpointing_and_megatron_refusing_it(tmp_path):
+    """recompute_modules [ops] is torchtitan's SelectiveAC (the activation-checkpoint:selective
+    sub-command); Megatron's --recompute-modules name modules and have no such policy."""
+    plan = plan_of(small_problem(tmp_path), zero_stage=3, recompute="selective", recompute_modules=["ops"])
+    assert torchtitan_args(plan)[-1] == "activation-checkpoint:selective"
+    for fmt in ("megatron", "megatron-bridge"):
+        with pytest.raises(ExportError, match="torchtitan's per-op policy"):
+            export(plan, fmt)
+    modules = plan_of(small_problem(tmp_path), zero_stage=3, recompute="selective", recompute_modules=["core_attn"])
+    with pytest.raises(ExportError, match="selective AC is per op"):
+        export(modules, "torchtitan")

@@ -60,11 +60,13 @@ def test_quick_start_restricted_to_megatron_exports():
 
 
 #: narrowed spaces (every schedule, CP variant, ZeRO stage, HSDP group, recompute and offload
-#: setting and overlap switch stay free): Llama-3.1-8B on 16 GPUs, and DeepSeek-V3 on 32 (its
+#: setting and overlap switch stay free; the same recompute module sets under every framework):
+#: Llama-3.1-8B on 16 GPUs, and DeepSeek-V3 on 32 (its
 #: routing and dtypes set to what torchtitan can run, so every framework admits something)
 SPACES = {
     "dense": (SMALL, ("cluster.num_gpus=16", "training.global_batch_size=32", "search.tp=[1,2]", "search.cp=[1,2]", "search.pp=[1,2,4]",
-                      "search.vp=[1,2]", "search.mbs=[2]", "search.dp_shard=[2]", "search.recompute_block_layers=[2]")),
+                      "search.vp=[1,2]", "search.mbs=[2]", "search.dp_shard=[2]", "search.recompute_block_layers=[2]",
+                      "search.recompute_modules=[[core_attn],[ops]]")),  # Megatron's module and torchtitan's per-op policy
     "moe": (PROBLEMS / "tuning" / "deepseek_v3_1024gpu_sn8.yaml",
             ("cluster.num_gpus=32", "training.global_batch_size=64", "training.moe.dispatcher=alltoall", "training.dtypes.grads=fp32",
              "model.mtp_layers=0", "search.tp=[1,2]", "search.cp=[1]", "search.pp=[1,2]", "search.vp=[1]", "search.ep=[1,2,8,16,32]",
@@ -137,3 +139,19 @@ def test_bad_framework_is_one_line():
     out = _mofa("solve", str(SMALL), "--set", "search.framework=jax")
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
     assert "search.framework" in out.stderr and "llama31_8b_64xh100.yaml" in out.stderr
+
+
+def test_a_torchtitan_search_tries_its_per_op_checkpointing():
+    """A torchtitan search's selective recompute is its per-op policy unless the problem names
+    module sets: the admissible space holds selective [ops] rows, and no Megatron module set."""
+    problem = restricted(SMALL, "torchtitan")
+    assert problem.search.recompute_modules == [["ops"]]
+    result = solve(problem, "exhaustive", top_k=1)
+    assert result.status == "optimal"
+    from costmodel.configs import RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS
+
+    admissible = _admissible(problem)
+    recompute = np.concatenate([cfg.recompute for cfg in admissible])
+    modules = np.concatenate([cfg.recompute_modules for cfg in admissible])
+    selective = recompute == RECOMPUTE_CODES["selective"]
+    assert selective.any() and np.all(modules[selective] == RECOMPUTE_MODULE_BITS["ops"])

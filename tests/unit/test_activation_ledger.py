@@ -183,3 +183,27 @@ def test_autocast_casts_fp32_weights_each_forward_and_their_gradients_back():
     V, h = m.vocab_size, m.hidden_size
     head = lambda tr: float(arch.edges(m, tr, shard(), 2, np.array([1.0])).head_memory_bytes[0])
     assert head(fp32) - head(bf16) == pytest.approx(6 * V * h)
+
+
+def test_torchtitan_op_sac_keeps_attention_and_every_other_matmul():
+    """torchtitan's per-op selective AC (recompute_modules [ops]; SelectiveAC in
+    torchtitan/distributed/activation_checkpoint.py: matmuls and attention saved "except every
+    second mm"): of a Llama block's wq, wk, wv, wo, w1, w3, w2 it keeps wq, wv, w1 and w2's outputs
+    and the attention output with its log-sum-exp, beside the block input; it re-runs wk, wo, w3
+    and every memory-bound kernel."""
+    from costmodel.configs import RECOMPUTE_MODULE_BITS, ConfigBatch
+    from costmodel.layer import kept_bytes
+
+    m = MODELS["llama3.1-8b"]
+    s, b, h, a = 8192, 2, m.hidden_size, m.num_heads
+    kv_d, ffn = m.kv_heads * m.dim_per_head, m.ffn_hidden_size
+    tr = TrainingSpec(global_batch_size=16, seq_len=s)
+    work = arch.dense_layer(m, tr, shard(b=b, seq=s), D=2)
+    cfg = ConfigBatch.from_columns(8, recompute=1, recompute_modules=RECOMPUTE_MODULE_BITS["ops"], first_layers=32, last_layers=32)
+    tokens = s * b
+    expected = 2 * tokens * (h + h + kv_d + h + ffn + h) + 4 * tokens * a  # x, wq, wv, attention out, w1, w2; lse
+    assert float(kept_bytes(work, cfg)[0]) == expected
+    policy = arch.op_sac(work)
+    assert policy.rerun_gemm_share["o_proj"] == 1.0 and policy.rerun_gemm_share["fc1"] == 0.5 and policy.rerun_gemm_share["fc2"] == 0.0
+    assert float(policy.rerun_gemm_share["qkv"][0]) == pytest.approx(kv_d / (h + 2 * kv_d))  # wk's columns of the fused wq|wk|wv
+    assert set(policy.rerun_ops) == {op.name for op in work.memory_ops}

@@ -163,3 +163,21 @@ def test_document_masks_leave_the_linear_attention_work_alone():
 
     assert step(linear, mean_document_tokens=2048) == pytest.approx(step(linear), rel=1e-12)
     assert step(hybrid, mean_document_tokens=2048) < step(hybrid)
+
+
+def test_per_op_checkpointing_is_refused_where_it_is_not_modelled():
+    """torchtitan's per-op policy (recompute_modules [ops]) is modelled for dense softmax-attention
+    layers without TP: under TP 2, on an MoE model or on Qwen3.5's hybrid layers the rule
+    recompute_ops says so; with another module it is a one-line configuration error."""
+    from costmodel.configs import RECOMPUTE_MODULE_BITS
+    from costmodel.specs import ConfigSpec
+
+    ops = dict(recompute=1, recompute_modules=RECOMPUTE_MODULE_BITS["ops"])
+    dense = problem_for(MODELS["llama3.1-8b"])
+    cfg = lambda **kw: ConfigBatch.from_columns(64, first_layers=32, last_layers=32, **ops, **kw)  # noqa: E731
+    assert not violations(dense, cfg(tp=1))["recompute_ops"][0]
+    assert violations(dense, cfg(tp=2))["recompute_ops"][0]
+    hybrid = problem_for(qwen35())
+    assert violations(hybrid, ConfigBatch.from_columns(64, ep=8, first_layers=40, last_layers=40, **ops))["recompute_ops"][0]
+    with pytest.raises(ValueError, match="takes no other module"):
+        ConfigSpec(recompute="selective", recompute_modules=["ops", "core_attn"])
