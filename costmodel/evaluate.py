@@ -424,7 +424,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     for k, rank in enumerate(ranks):
         rank_index = 0 if k == 0 else (np.ones_like(cfg.pp) if k == 1 else cfg.pp - 1)
         flight = in_flight(rank_index, cfg, micro)
-        ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators, m.mtp_layers)
+        ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators, m.mtp_layers, micro)
         ledgers.append(ledger)
         cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
         window_b = cooldown * bwd[k]

@@ -15,7 +15,8 @@ One ledger per pipeline-rank class; every line in bytes:
   activations tensors kept for the backward (eqs. 5, 29, 31, 33), see below
   optimizer_transient  the optimizer step's D_opt copy of the gradients, as far as it exceeds the
               activations it replaces
-  comm_buffers  buffers of the collectives: pipeline send/receive (2 activation micro-batches),
+  comm_buffers  buffers of the collectives: pipeline send/receive (2 activation micro-batches;
+              PyTorch's pipelining one per micro-batch and stage, `pipeline_buffer_count`),
               the largest per-layer TP/SP gather, CP K/V exchange and EP dispatch buffer, Transformer
               Engine's TP-overlap userbuffers, and NCCL's own buffers per communicator
   cuda_context  the CUDA context and cuBLAS workspaces (hardware preset)
@@ -98,6 +99,7 @@ class MemoryContext:
     tied_embeddings: bool
     mofa_eq4: bool
     fragmentation: float
+    buffers_per_microbatch: bool = False  # training.pipeline_buffers per_microbatch (torch.distributed.pipelining)
 
 
 def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool, mtp_layers: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -172,8 +174,24 @@ def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cf
     return on_gpu + rank.last * head_saved, host
 
 
+def pipeline_buffer_count(mc: MemoryContext, cfg: ConfigBatch, microbatches, in_flight, first: bool, last) -> np.ndarray:
+    """Activation-sized pipeline buffers a rank holds beyond the stage inputs its in-flight
+    micro-batches keep as activations (0 without PP). Megatron (per_transfer): a send and a
+    receive in transit, 2. PyTorch's pipelining (per_microbatch): an activation buffer for every
+    micro-batch of each of its stages but the model's first, an output-gradient buffer for every
+    micro-batch of each but the last, allocated once for the run; the activation buffers of
+    the micro-batches in flight are the stage inputs already counted."""
+    if not mc.buffers_per_microbatch or microbatches is None:
+        return (cfg.pp > 1) * 2.0
+    chunks = microbatches * cfg.vp
+    receiving = chunks - (microbatches if first else 0.0)
+    sending = chunks - last * microbatches
+    counted = np.minimum(in_flight * receiving / chunks, receiving)
+    return (cfg.pp > 1) * (receiving - counted + sending)
+
+
 def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived, mc: MemoryContext, communicators: np.ndarray,
-                mtp_layers: int = 0) -> RankMemory:
+                mtp_layers: int = 0, microbatches=None) -> RankMemory:
     dense_params, expert_params = rank_params(rank, lc, mc.tied_embeddings, mtp_layers)
     params = dense_params + expert_params
     sharded = dense_params / x.shard + expert_params / x.eshard  # this rank's share of the stage's parameters
@@ -217,7 +235,7 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
 
     activations, host_activations = activation_bytes(rank, in_flight, lc, cfg, x, mtp_layers)
     transient_excess = np.maximum(0.0, gpu_transient - activations)
-    pp_buffers = (cfg.pp > 1) * 2.0 * lc.hop_bytes
+    pp_buffers = pipeline_buffer_count(mc, cfg, microbatches, in_flight, rank.first, rank.last) * lc.hop_bytes
     buffers = pp_buffers + lc.comm_buffer_bytes
     nccl = communicators * mc.nccl_bytes_per_group
     fragmentation = mc.fragmentation * (activations + mc.d_para * gathered + buffers + transient_excess)
@@ -283,4 +301,4 @@ def memory_context(problem) -> MemoryContext:
     context_bytes, nccl_bytes = nccl_and_context(hw)
     return MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
                          hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
-                         tr.allocator_fragmentation)
+                         tr.allocator_fragmentation, tr.pipeline_buffers == "per_microbatch")

@@ -573,6 +573,14 @@ class TrainingSpec(Spec):
         description="pre-2023 Megatron-LM (--scatter-gather-tensors-in-pipeline, on by default then): without sequence "
         "parallelism each TP rank sends 1/tp of the activation and the receiver all-gathers it",
     )
+    pipeline_buffers: Literal["per_transfer", "per_microbatch"] = Field(
+        default="per_transfer",
+        description="the pipeline's receive buffers: per_transfer = Megatron allocates one for each P2P receive (the "
+        "received activation then lives on as the stage's input); per_microbatch = PyTorch's torch.distributed."
+        "pipelining (torchtitan) allocates, once for the run, an activation buffer for every micro-batch of every "
+        "stage that receives one and an output-gradient buffer for every micro-batch of every stage that sends "
+        "(stage.py _setup_forward_recv_info, _create_grad_recv_info): memory grows with the micro-batch count",
+    )
     optimizer_memory: Literal["megatron", "mofa_eq4"] = Field(
         default="megatron",
         description="megatron: 3*D_opt states + a D_opt gradient copy at the step; mofa_eq4: 4*D_opt held throughout",
@@ -1076,10 +1084,12 @@ class Problem(Spec):
     def _framework_kernels(self):
         """A problem searched for torchtitan runs TP the way its exporter launches it, unless
         training says: overlapped by PyTorch's async TP (--compile.enable-async-tensor-parallel)
-        where tp_overlap is on, else DTensor's synchronous collectives."""
+        where tp_overlap is on, else DTensor's synchronous collectives; its pipeline is PyTorch's,
+        with a receive buffer per micro-batch."""
         if self.search.framework == "torchtitan":
             given = self.training.model_fields_set
-            update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False)) if k not in given}
+            update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False), ("pipeline_buffers", "per_microbatch"))
+                      if k not in given}
             object.__setattr__(self, "training", self.training.model_copy(update=update))
             if "recompute_modules" not in self.search.model_fields_set:  # its selective AC is the per-op policy
                 object.__setattr__(self, "search", self.search.model_copy(update={"recompute_modules": [["ops"]]}))

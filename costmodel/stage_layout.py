@@ -471,7 +471,8 @@ def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: 
     kinds, MTP layers included) with `in_flight` average chunks of activations."""
     lc = ctx.lc if lc is None else lc
     rank = RankLayers([np.array([float(c)]) for c in kind_counts], first, np.array([last]))
-    return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg_plain, ctx.cfg_plain.derived(), ctx.mc, ctx.communicators, mtp_layers)
+    return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg_plain, ctx.cfg_plain.derived(), ctx.mc, ctx.communicators, mtp_layers,
+                       np.array([float(ctx.microbatches)]))
 
 
 def rank_peak_bytes(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomputed: np.ndarray, last: bool, mtp_layers: int) -> float:
