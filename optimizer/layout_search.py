@@ -1162,7 +1162,9 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
     """The integer consequences of a makespan below `below_s`: None where no layout has one,
     else per rank the least and most decoder layers and the most on stage 0, proven on a small
     CP-SAT model of the ranks' integer layer totals (kinds apart, their order, recompute and
-    memory relaxed: a relaxation of every layout) with two facts of the schedule:
+    memory relaxed: a relaxation of every layout; the least totals and stage 0's most are
+    probed, the most totals follow from busy time and the others' least) with two facts of the
+    schedule:
 
     * busy: a rank runs its m forwards and backwards of every chunk one after another, so the
       makespan is at least m * W_r (W_r its layers' and modules' seconds per micro-batch);
@@ -1224,7 +1226,7 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         (model.Maximize if maximize else model.Minimize)(objective)
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
-        solver.parameters.max_time_in_seconds = max(time_limit_s / (2 * pp + 1), 0.01)
+        solver.parameters.max_time_in_seconds = max(time_limit_s / (pp + 1), 0.01)
         status = solver.Solve(model)
         if status == cp_model.INFEASIBLE:
             return None
@@ -1238,12 +1240,17 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
     stage0_high = solve(first, True)
     if stage0_high is None:
         return None
-    low, high = [], []
+    low = []
     for r in range(pp):
         low.append(solve(total[r], False))
-        high.append(solve(total[r], True))
-        if low[-1] is None or high[-1] is None:
+        if low[-1] is None:
             return None
+    # the most layers of a rank: its busy time with the cheapest layers, and what the others'
+    # least leave (a probe each would add little: these are the same on Llama 3 405B)
+    high = []
+    for r in range(pp):
+        busy = (goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n
+        high.append(int(max(min(busy, n - (sum(low) - low[r]), n), low[r])))
     return RankRegion(tuple(low), tuple(high), min(stage0_high, n))
 
 
@@ -1351,11 +1358,11 @@ def lp_region_bound(ctx: LayoutContext, region: RankRegion, goal_s: float, pool=
     objective[-1] = 1.0
     goal = goal_s / unit
     best_lb, center, center_value, history, useful = None, None, math.inf, [], []
-    idle = np.zeros(0, dtype=np.int64)  # per path: rounds since its dual was last positive (LP over the recent ones only)
+    idle = np.zeros(0, dtype=np.int64)  # per path: rounds since its dual was last positive (the LP keeps the last two rounds')
     while time.perf_counter() - start < time_limit_s:
         all_rows, all_consts = np.array(rows), np.array(consts)
         idle = np.concatenate([idle, np.zeros(len(rows) - len(idle), dtype=np.int64)])
-        active = np.flatnonzero(idle <= 2)
+        active = np.flatnonzero(idle <= 1)
         a = np.hstack([all_rows[active], -np.ones((len(active), 1))])
         result = linprog(objective, A_ub=np.vstack([a, rank_rows]), b_ub=np.concatenate([-all_consts[active], rank_rhs]),
                          A_eq=a_eq, b_eq=[n], bounds=bounds, method="highs-ds", options={"presolve": False})
