@@ -958,15 +958,16 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     bound, rounds, proven, stalled = 0.0, 0, False, False
     z_domain = model.Proto().variables[z.Index()].domain
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
-    if refine and best is not None and chunk_spread is None and not graph and region_fraction > 0 and len(runs) == 1:
+    region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+    if refine and best is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
         # Free layouts, with an incumbent: the integer consequences of beating it (rank
         # totals, stage 0) and, within them, the LP relaxation of the schedule graph. Where
         # the LP reaches the incumbent, that certifies it without a CP-SAT round (Llama 3
-        # 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify in 60 s);
+        # 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify in 20 s);
         # otherwise the region's rows and the LP's paths join the model (the rows hold for
-        # every layout the rounds ask for: those below the incumbent).
+        # every layout the rounds ask for: those below the incumbent). Under a second for
+        # it, its probes alone would overrun the limit.
         goal = best_score.pipeline_s - best_score.pp_exposed_s - 2 * slack
-        region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
         t_region = time.perf_counter()
         region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget)
         if region is None:

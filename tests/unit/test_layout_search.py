@@ -570,7 +570,9 @@ def test_chunk_segments_hold(schedule, pp, vp, m):
 def test_dense_free_search_bound_holds(tmp_path, pp, vp, memory_mib, time_limit_s):
     """One kind of layer, so the free search runs rank_order_region and lp_region_bound: its
     proven bound never exceeds the makespan of any layout that fits (exact model, every layout
-    enumerated), cut short or not; with time it certifies enumeration's optimum."""
+    enumerated), cut short or not; with time it certifies enumeration's optimum, with no CP-SAT
+    round where memory does not bind (the region's LP reaches it), with CP-SAT rounds over the
+    region's rows and memory rows where it does (5000 MiB on pp 2 x vp 2)."""
     ctx = dense_context(tmp_path, pp, vp, 7, memory_mib)
     best, _ = best_by_enumeration(ctx, "makespan")
     seeds = tuple(layout for layout, score in enumerate_layouts(ctx) if score.fits)[-1:]
@@ -580,3 +582,5 @@ def test_dense_free_search_bound_holds(tmp_path, pp, vp, memory_mib, time_limit_
     assert best <= solution.makespan_s * (1 + 1e-12)
     if time_limit_s >= 20:
         assert solution.optimal and solution.makespan_s == pytest.approx(best, rel=1e-6)
+        if memory_mib == 81559:
+            assert solution.bound_source == "rank-lp" and solution.rounds == 0
