@@ -69,7 +69,9 @@ class LayoutSolution:
     solve_s: float
     fits: bool
     rounds: int  # CP-SAT solves (one per critical path added)
-    bound_source: str = "cp-sat"  # what proved lower_bound_s: "cp-sat", or "work" (work_bound_s: no CP-SAT round bounded better)
+    # what proved lower_bound_s: "cp-sat"; "rank-lp" (rank_order_region and lp_region_bound, before
+    # or instead of CP-SAT rounds); or "work" (work_bound_s: nothing bounded better)
+    bound_source: str = "cp-sat"
 
     @property
     def gap(self) -> float:
@@ -166,10 +168,10 @@ class ScheduleGraph:
         """The longest path: a float for one layout, [K] for K."""
         return self.ends(forward_s, backward_s)[:-1].max(axis=0)
 
-    def paths(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def paths(self, forward_s: np.ndarray, backward_s: np.ndarray, end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`path` of K layouts at once ([stage, K] seconds): [K, stage] forward and backward
-        op counts, all K backtracked in step."""
-        end = self.ends(forward_s, backward_s)
+        op counts, all K backtracked in step (`end`: their ends() where already computed)."""
+        end = self.ends(forward_s, backward_s) if end is None else end
         width = end.shape[1]
         k = end[:-1].argmax(axis=0)
         n_f, n_b = np.zeros((width, self.stages)), np.zeros((width, self.stages))
@@ -587,7 +589,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
-                 scores: dict | None = None, paths: set | None = None) -> LayoutSolution:
+                 scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -600,6 +602,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     terms: on DeepSeek-V3 32 -> 1000 takes its free-layout certification from ~20 s to ~8 s,
     where Llama 3 405B's 128 stages make each path four times the terms); memory rows come in
     as answers break them.
+    Free layouts with an incumbent, one kind of decoder layer: first the integer consequences
+    of beating the incumbent (rank_order_region: each rank's least and most layers, stage 0's
+    most, from the ranks' busy time and the order their first layers come in) and the LP
+    relaxation of the schedule graph within them (lp_region_bound), with at most
+    `region_fraction` of the time left: where the LP reaches the incumbent that certifies it
+    with no CP-SAT round (Llama 3 405B on pp 16 x vp 8: the integer rank totals are what the
+    path cuts' LP relaxation misses, 2.1% below Megatron's split); otherwise the region's
+    rows and the LP's paths join the model for the rounds.
     Free layouts with an incumbent: each round asks CP-SAT for layouts the model prices below
     the incumbent; every answer's longest path becomes a cut (or the answer the new incumbent),
     and INFEASIBLE certifies the incumbent. Otherwise (regular layouts, no incumbent yet,
@@ -624,9 +634,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     Megatron's one --recompute-num-layers (the exportable answer).
     Time: the seeds are scored first (`scores`: a cache of score_layout by layout that
     callers solving the same skeleton twice share, two_phase), the local search takes at most
-    local_fraction of the limit and a quarter of what is left, CP-SAT the rest. The bound
-    reported is the best of CP-SAT's and work_bound_s (bound_source says which): a search whose
-    CP-SAT rounds prove nothing in time still carries a proven gap."""
+    local_fraction of the limit and a quarter of what is left, the rank region and its LP at
+    most region_fraction of the rest (the LP stops early where it stops gaining), CP-SAT the
+    rest. The bound reported is the best of CP-SAT's, the region LP's and work_bound_s
+    (bound_source says which): a search whose CP-SAT rounds prove nothing in time still
+    carries a proven gap."""
     start = time.perf_counter()
     scores = {} if scores is None else scores
 
@@ -945,7 +957,39 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     z_domain = model.Proto().variables[z.Index()].domain
-    while True:
+    lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
+    region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+    if refine and best is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
+        # Free layouts, with an incumbent: the integer consequences of beating it (rank
+        # totals, stage 0) and, within them, the LP relaxation of the schedule graph. Where
+        # the LP reaches the incumbent, that certifies it without a CP-SAT round (Llama 3
+        # 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify in 20 s);
+        # otherwise the region's rows and the LP's paths join the model (the rows hold for
+        # every layout the rounds ask for: those below the incumbent). Under a second for
+        # it, its probes alone would overrun the limit.
+        goal = best_score.pipeline_s - best_score.pp_exposed_s - 2 * slack
+        t_region = time.perf_counter()
+        region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget)
+        if region is None:
+            lp_bound, proven = goal, True
+        else:
+            for r in range(pp):
+                model.Add(sum(t[r::pp]) >= region.low[r])
+                model.Add(sum(t[r::pp]) <= region.high[r])
+            model.Add(t[0] <= region.stage0_high)
+            pool = [_path_of(ctx, best_score)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(cuts)]
+            found_lb, lp_paths = lp_region_bound(ctx, region, goal, pool=pool,
+                                                 time_limit_s=region_budget - (time.perf_counter() - t_region),
+                                                 lin=lin, min_layers=min_layers, max_layers=max_layers)
+            for n_f, n_b in lp_paths:
+                cut(n_f, n_b)
+            if found_lb is not None:
+                # a layout outside the region is no faster than the goal, one inside no faster than found_lb
+                lp_bound = min(goal, found_lb - slack)
+                proven = found_lb - slack >= goal
+        if lp_bound is not None:
+            bound = max(bound, lp_bound)
+    while not proven:
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0 and best is not None:
             break
@@ -1028,7 +1072,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     if paths is not None:
         paths.update(cuts)
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
-    source = "cp-sat"
+    source = "rank-lp" if lp_bound is not None and bound <= lp_bound else "cp-sat"
     if not proven:
         floor = work_bound_s(ctx, lin) - slack
         if floor > bound:
@@ -1075,6 +1119,284 @@ def segment_paths(ops, stages: int, microbatches: int):
                 np.add.at(n_f, stage_of[seg][kinds[seg]], 1)
                 np.add.at(n_b, stage_of[seg][~kinds[seg]], 1)
                 yield n_f, n_b
+
+
+def chunk_segments_hold(ops, pp: int, vp: int, microbatches: int) -> bool:
+    """Whether every rank r > 0 runs, outside its segment from the forward of micro-batch 0 to
+    the backward of the last micro-batch of any of its chunks c, only ops of its chunks before
+    c (Megatron's 1F1B and interleaved lists: the warm-up walks the chunks in order, the
+    cool-down's backwards in reverse). Then a rank whose chunks before c hold no layer does all
+    its layers' work inside that segment, which segment_paths' (s, s) path of stage s = c * pp
+    + r takes whole: the rank-order argument of rank_order_region rests on it."""
+    last = microbatches - 1
+    for r in range(1, pp):
+        rank_ops = ops[r]
+        for c in range(vp):
+            s = c * pp + r
+            i = next((k for k, op in enumerate(rank_ops) if op.kind == "F" and op.stage == s and op.microbatch == 0), None)
+            j = next((k for k, op in enumerate(rank_ops) if op.kind == "B" and op.stage == s and op.microbatch == last), None)
+            if i is None or j is None or j < i:
+                return False
+            if any(op.stage // pp >= c for op in rank_ops[:i]) or any(op.stage // pp >= c for op in rank_ops[j + 1:]):
+                return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class RankRegion:
+    """What every layout whose makespan is below a goal satisfies (rank_order_region): each
+    rank holds between low[r] and high[r] decoder layers, stage 0 at most stage0_high."""
+
+    low: tuple[int, ...]
+    high: tuple[int, ...]
+    stage0_high: int
+
+    def contains(self, decoders) -> bool:
+        decoders = np.asarray(decoders)
+        pp = len(self.low)
+        totals = [int(decoders[r::pp].sum()) for r in range(pp)]
+        return decoders[0] <= self.stage0_high and all(lo <= x <= hi for lo, x, hi in zip(self.low, totals, self.high))
+
+
+def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | None" = None,
+                      time_limit_s: float = 1.0) -> RankRegion | None:
+    """The integer consequences of a makespan below `below_s`: None where no layout has one,
+    else per rank the least and most decoder layers and the most on stage 0, proven on a small
+    CP-SAT model of the ranks' integer layer totals (kinds apart, their order, recompute and
+    memory relaxed: a relaxation of every layout; the least totals and stage 0's most are
+    probed, the most totals follow from busy time and the others' least) with two facts of the
+    schedule:
+
+    * busy: a rank runs its m forwards and backwards of every chunk one after another, so the
+      makespan is at least m * W_r (W_r its layers' and modules' seconds per micro-batch);
+    * rank order: where chunk_segments_hold, a rank r > 0 whose first decoder layer is in
+      stage s_r does all its layers' work inside segment_paths' path of s_r, after micro-batch
+      0's forward chain through every stage before s_r and with the last micro-batch's backward
+      chain back through them: makespan >= m * W_r + sum_{q < s_r} (F_q + B_q). The stages
+      before s_r include stage 0 (the embedding and its t_0 layers) and the first decoder stage
+      of every rank whose first decoder stage comes earlier, each holding a layer. So with
+      ranks numbered 1, 2, ... by their first decoder stage (pos_r, all different), makespan
+      >= m * W_r + E + delta * t_0 + delta * (pos_r - 1), delta the cheapest layer's forward
+      and backward, E stage 0's own (less the fixed overhead of the empty chunks the rank may
+      run outside the segment, where chunks have one).
+
+    Integrality is what the bound gains: Llama 3 405B on pp 16 x vp 8 (126 layers) keeps ranks
+    of 8 layers (ceil(126 / 16)), and the 14 that must hold 8 cannot all start early, which
+    forces rank 0 to hold 8 layers and stage 0 none for any layout below Megatron's split; the
+    LP relaxation of the path cuts spreads 0.7 of a layer over the first stages instead.
+    Coefficients are rounded down (integer nanoseconds), the goal up, so every layout below
+    `below_s` is a solution; each probe that runs out of time keeps its proven bound."""
+    lin = lin or LinearLayouts(ctx)
+    pp, vp, m = ctx.pp, ctx.vp, ctx.microbatches
+    n = len(ctx.kind_of_layer)
+    goal = int(math.ceil(below_s * TIME_SCALE)) - 1
+    if goal < 0:
+        return None
+    kinds = sorted(set(int(k) for k in lin.kind_of_run))
+    count = {k: sum(b - a for kind, a, b in lin.runs if kind == k) for k in kinds}
+    per_layer = {int(k): max(int(math.floor((lin.forward_s[j] + lin.backward_s[j]) * TIME_SCALE)), 0) for j, k in enumerate(lin.kind_of_run)}
+    delta = min(per_layer.values())
+    const = np.floor((lin.const_forward_s + lin.const_backward_s) * TIME_SCALE).astype(np.int64)  # per stage, besides its decoder layers
+    # an empty chunk still runs its fixed overhead, forward and backward: the m * (vp - 1) empty
+    # chunks' overhead a rank may run outside its segment path is taken off it
+    overhead = int(math.ceil(2 * unit_costs(ctx)["overhead"] * TIME_SCALE)) * m * (vp - 1)
+    model = cp_model.CpModel()
+    layers = {(r, k): model.NewIntVar(0, count[k], "") for r in range(pp) for k in kinds}
+    for k in kinds:
+        model.Add(sum(layers[r, k] for r in range(pp)) == count[k])
+    total = [model.NewIntVar(0, n, f"total{r}") for r in range(pp)]
+    z = model.NewIntVar(0, goal, "makespan")
+    work = []
+    for r in range(pp):
+        model.Add(total[r] == sum(layers[r, k] for k in kinds))
+        work.append(sum(per_layer[k] * layers[r, k] for k in kinds) + int(const[r::pp].sum()))
+        model.Add(m * work[r] <= z)
+    first = model.NewIntVar(0, n, "t0")  # decoder layers on stage 0
+    model.Add(first <= total[0])
+    if pp > 1 and chunk_segments_hold(ctx.ops, pp, vp, m):
+        layered = [model.NewBoolVar(f"h{r}") for r in range(1, pp)]
+        position = [model.NewIntVar(1, pp - 1, f"pos{r}") for r in range(1, pp)]
+        model.AddAllDifferent(position)
+        for r, h, pos in zip(range(1, pp), layered, position):
+            model.Add(total[r] >= 1).OnlyEnforceIf(h)
+            model.Add(total[r] == 0).OnlyEnforceIf(h.Not())
+            model.Add(z >= m * work[r] - overhead + int(const[0]) + delta * first + delta * (pos - 1)).OnlyEnforceIf(h)
+            model.Add(pos >= 1 + sum(layered)).OnlyEnforceIf(h.Not())  # ranks without layers after those with
+
+    def solve(objective, maximize):
+        (model.Maximize if maximize else model.Minimize)(objective)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.max_time_in_seconds = max(time_limit_s / (pp + 1), 0.01)
+        status = solver.Solve(model)
+        if status == cp_model.INFEASIBLE:
+            return None
+        if status == cp_model.OPTIMAL:
+            return int(solver.ObjectiveValue())
+        bound = solver.BestObjectiveBound()  # proven whatever the status
+        if not math.isfinite(bound):
+            return n if maximize else 0
+        return min(int(math.floor(bound + 1e-6)), n) if maximize else max(int(math.ceil(bound - 1e-6)), 0)
+
+    stage0_high = solve(first, True)
+    if stage0_high is None:
+        return None
+    low = []
+    for r in range(pp):
+        low.append(solve(total[r], False))
+        if low[-1] is None:
+            return None
+    # the most layers of a rank: its busy time with the cheapest layers, and what the others'
+    # least leave (a probe each would add little: these are the same on Llama 3 405B)
+    high = []
+    for r in range(pp):
+        busy = (goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n
+        high.append(int(max(min(busy, n - (sum(low) - low[r]), n), low[r])))
+    return RankRegion(tuple(low), tuple(high), min(stage0_high, n))
+
+
+def _least_in_region(cost: np.ndarray, region: RankRegion, low: np.ndarray, cap: np.ndarray, n: int) -> float:
+    """min cost . x over layer counts x with low <= x <= cap (integers), sum x = n and each
+    rank's sum within the region: every rank filled to its least total with its cheapest
+    stages, then the layers left one at a time where they cost least (exact: each rank's
+    least cost is convex in its total, and the totals share one sum); inf where none fits."""
+    pp = len(region.low)
+    if (low > cap).any():
+        return math.inf
+    x = low.astype(np.int64).copy()
+    cap = cap.astype(np.int64)
+    rank = np.arange(len(cost)) % pp
+    sums = np.bincount(rank, weights=x, minlength=pp).astype(np.int64)
+    if (sums > np.array(region.high)).any():
+        return math.inf
+    for r in range(pp):
+        mine = np.flatnonzero(rank == r)
+        while sums[r] < region.low[r]:
+            room = mine[x[mine] < cap[mine]]
+            if not len(room):
+                return math.inf
+            s = room[np.argmin(cost[room])]
+            step = min(int(cap[s] - x[s]), int(region.low[r] - sums[r]))
+            x[s] += step
+            sums[r] += step
+    left = n - int(x.sum())
+    if left < 0:
+        return math.inf
+    high = np.array(region.high)
+    while left > 0:
+        room = np.flatnonzero((x < cap) & (sums[rank] < high[rank]))
+        if not len(room):
+            return math.inf
+        s = room[np.argmin(cost[room])]
+        step = min(int(cap[s] - x[s]), int(high[rank[s]] - sums[rank[s]]), left)
+        x[s] += step
+        sums[rank[s]] += step
+        left -= step
+    return float(cost @ x)
+
+
+def lp_region_bound(ctx: LayoutContext, region: RankRegion, goal_s: float, pool=(), time_limit_s: float = 3.0,
+                    lin: "LinearLayouts | None" = None, min_layers: int = 0, max_layers: int | None = None,
+                    step: float = 0.15, nudge: float = 0.15) -> tuple[float | None, list]:
+    """A lower bound on the makespan of every layout in `region` (rank_order_region's), from
+    the LP relaxation of the schedule graph over the region's layer counts, and the paths that
+    prove it (cuts for the CP-SAT model): (None, []) where the model has more than one kind of
+    layer (the LP would drop their order) or no round proves anything.
+
+    Cut generation (Kelley's method, stabilised): an LP over the paths so far (z >= each
+    path's length, linear in the stage counts) gives a point; the longest paths at a point
+    between it and the best point seen (`step` of the way, in-out stabilisation) and at that
+    point with each stage nudged up by `nudge` layer (the paths tied there) join the LP. Until
+    `goal_s` is reached, time is up or the LP stops gaining (less than 5% of its distance to the
+    goal in four rounds).
+    The bound is rigorous whatever the LP solver's tolerances: its duals, clipped to >= 0 and
+    normalised, weigh the paths into one valid cut z >= abar . x + cbar, whose least over
+    the region's integer counts (_least_in_region, exact) bounds every layout there. The LP
+    ignores memory and recompute (recompute only adds time), so it relaxes every layout."""
+    from scipy.optimize import linprog
+
+    start = time.perf_counter()
+    lin = lin or LinearLayouts(ctx)
+    if len(lin.runs) != 1:
+        return None, []
+    graph = schedule_graph(ctx)
+    stages, pp = lin.stages, ctx.pp
+    n = len(ctx.kind_of_layer)
+    unit = float(lin.forward_s[0] + lin.backward_s[0])  # LP in layer units: better conditioned
+    if unit <= 0:
+        return None, []
+    f1, b1 = float(lin.forward_s[0]), float(lin.backward_s[0])
+    cf, cb = lin.const_forward_s, lin.const_backward_s
+    low = np.full(stages, float(min_layers))
+    cap = np.full(stages, float(n if max_layers is None else max_layers))
+    cap[0] = min(cap[0], region.stage0_high)
+    if _least_in_region(np.zeros(stages), region, low, cap, n) == math.inf:
+        return math.inf, []  # no layout of the search's space is in the region: none is below the goal
+    rows, consts, paths, seen = [], [], [], set()
+
+    def add(n_f, n_b):
+        key = (np.asarray(n_f).astype(np.int64).tobytes(), np.asarray(n_b).astype(np.int64).tobytes())
+        if key in seen:
+            return
+        seen.add(key)
+        n_f, n_b = np.asarray(n_f, dtype=float), np.asarray(n_b, dtype=float)
+        rows.append((n_f * f1 + n_b * b1) / unit)
+        consts.append(float(n_f @ cf + n_b @ cb) / unit)
+        paths.append((n_f, n_b))
+
+    for n_f, n_b in pool:
+        add(n_f, n_b)
+    for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
+        add(n_f, n_b)
+    member = np.zeros((pp, stages))
+    for r in range(pp):
+        member[r, r::pp] = 1.0
+    rank_rows = np.hstack([np.vstack([-member, member]), np.zeros((2 * pp, 1))])
+    rank_rhs = np.concatenate([-np.array(region.low, dtype=float), np.array(region.high, dtype=float)])
+    a_eq = np.hstack([np.ones((1, stages)), np.zeros((1, 1))])
+    bounds = [(low[s], cap[s]) for s in range(stages)] + [(0.0, None)]
+    objective = np.zeros(stages + 1)
+    objective[-1] = 1.0
+    goal = goal_s / unit
+    best_lb, center, center_value, history, useful = None, None, math.inf, [], []
+    idle = np.zeros(0, dtype=np.int64)  # per path: rounds since its dual was last positive (the LP keeps the last two rounds')
+    while time.perf_counter() - start < time_limit_s:
+        all_rows, all_consts = np.array(rows), np.array(consts)
+        idle = np.concatenate([idle, np.zeros(len(rows) - len(idle), dtype=np.int64)])
+        active = np.flatnonzero(idle <= 1)
+        a = np.hstack([all_rows[active], -np.ones((len(active), 1))])
+        result = linprog(objective, A_ub=np.vstack([a, rank_rows]), b_ub=np.concatenate([-all_consts[active], rank_rhs]),
+                         A_eq=a_eq, b_eq=[n], bounds=bounds, method="highs-ds", options={"presolve": False})
+        if result.status != 0:
+            break
+        weight = np.maximum(-result.ineqlin.marginals[:len(active)], 0.0)
+        idle += 1
+        idle[active[weight > 1e-12]] = 0
+        x, level = result.x[:stages], result.fun
+        violated = np.flatnonzero(all_rows @ x + all_consts > level * (1 + 1e-9))
+        idle[violated] = 0  # paths the LP point breaks come back for the next round
+        if weight.sum() > 0.5:
+            weight = weight / weight.sum()
+            lb = float(weight @ all_consts[active]) + _least_in_region(weight @ all_rows[active], region, low, cap, n)
+            if best_lb is None or lb > best_lb:
+                best_lb = lb
+                useful = [paths[active[i]] for i in np.flatnonzero(weight > 1e-9)]
+        if best_lb is not None and best_lb >= goal:
+            break
+        history.append(level)
+        if len(history) > 4 and goal - history[-1] > 0.95 * (goal - history[-5]):
+            break  # the LP stopped gaining
+        point = x if center is None else center + step * (x - center)
+        columns = np.repeat(point[:, None], stages + 1, axis=1)
+        columns[np.arange(stages), np.arange(1, stages + 1)] += nudge
+        forward, backward = f1 * columns + cf[:, None], b1 * columns + cb[:, None]
+        end = graph.ends(forward, backward)
+        value = float(end[:-1, 0].max())
+        if value < center_value:
+            center, center_value = point, value
+        for n_f, n_b in zip(*graph.paths(forward, backward, end=end)):
+            add(n_f, n_b)
+    return (None if best_lb is None else best_lb * unit), useful
 
 
 def _path_of(ctx: LayoutContext, score) -> tuple[np.ndarray, np.ndarray]:
@@ -1248,6 +1570,8 @@ def launch_recompute(layout: StageLayout) -> dict:
 _BOUND_NOTES = {
     "cp-sat": "proven by CP-SAT over the critical-path cuts, for every layout of the skeleton",
     "work": "no CP-SAT round proved more in time: the busiest rank's least work (work_bound_s), for every layout of the skeleton",
+    "rank-lp": ("proven by the integer rank totals a faster layout needs (rank_order_region) and the schedule graph's LP "
+                "relaxation within them (lp_region_bound), for every layout of the skeleton"),
 }
 
 

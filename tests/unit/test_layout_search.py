@@ -417,3 +417,170 @@ def test_fewest_recompute_fits(tmp_path, recompute_layouts, memory_mib):
                 assert not repaired.any_recompute
             if uniform:
                 assert repaired.uniform_recompute() is not None
+
+
+# --- the rank-order region and the LP bound within it (one kind of layer) --------------------
+# A 7- and 9-layer Llama 3.1 8B (dense layers only, an embedding and a large head): the
+# free search's rank_order_region and lp_region_bound must hold for every layout, which these
+# enumerate (up to C(9 + 7, 7) = 11,440 layouts, timed on the schedule graph).
+
+TINY_DENSE = """name: tiny-dense
+model: {preset: llama3.1-8b, num_layers: LAYERS}
+hardware: h100-sxm
+cluster: {num_gpus: 64, gpus_per_node: 8}
+training: {global_batch_size: 64, seq_len: 4096, dtypes: {params: bf16, grads: bf16, optimizer: fp32}}
+"""
+
+
+def dense_context(tmp_path, pp, vp, layers=7, memory_mib=81559):
+    path = tmp_path / f"tiny_dense_{layers}.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", str(layers)))
+    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=pp, vp=vp, mbs=1, first_layers=1, last_layers=1, zero_stage=1)
+    return layout_context(problem, cfg)
+
+
+def graph_makespans(ctx):
+    """(every layout's decoder counts [K, stage], its makespan on the schedule graph [K])."""
+    import itertools
+
+    import numpy as np
+
+    from optimizer.layout_search import LinearLayouts, schedule_graph
+
+    n, stages = len(ctx.kind_of_layer), ctx.pp * ctx.vp
+    decoders = []
+    for bars in itertools.combinations(range(n + stages - 1), stages - 1):
+        edges = (-1, *bars, n + stages - 1)
+        decoders.append([b - a - 1 for a, b in zip(edges, edges[1:])])
+    decoders = np.array(decoders)
+    lin = LinearLayouts(ctx)
+    forward, backward = lin.times(lin.run_counts(decoders))
+    return decoders, schedule_graph(ctx).makespan(forward, backward)
+
+
+@pytest.mark.parametrize("pp,vp,layers", [(4, 2, 7), (4, 2, 9), (2, 2, 7), (4, 1, 9)])
+def test_rank_order_region_holds_for_every_layout(tmp_path, pp, vp, layers):
+    """Every layout whose makespan is below the goal lies in rank_order_region's region (its
+    ranks' decoder totals and stage 0 within the proven limits), and None comes only where no
+    layout is below the goal; for goals from below the optimum to well above it. The region is
+    no trivial one: just above the optimum it leaves most layouts out."""
+    import numpy as np
+
+    from optimizer.layout_search import rank_order_region
+
+    ctx = dense_context(tmp_path, pp, vp, layers)
+    decoders, makespans = graph_makespans(ctx)
+    order = np.sort(np.unique(makespans))
+    for goal in [order[0] * 0.999, order[0] * (1 + 1e-9), *order[[1, 5, 20, len(order) // 2]] * (1 + 1e-9), order[-1] * 1.01]:
+        region = rank_order_region(ctx, goal)
+        below = decoders[makespans < goal]
+        if region is None:
+            assert not len(below)
+            continue
+        assert all(region.contains(d) for d in below)
+    tight = rank_order_region(ctx, order[0] * (1 + 1e-9))
+    assert sum(tight.contains(d) for d in decoders) < 0.5 * len(decoders)
+
+
+@pytest.mark.parametrize("pp,vp,layers", [(4, 2, 7), (4, 2, 9), (2, 2, 7)])
+def test_lp_region_bound_holds_for_every_layout(tmp_path, pp, vp, layers):
+    """lp_region_bound's bound never exceeds the makespan of any layout in the region, and the
+    paths it returns are cuts: as linear forms they never exceed any layout's makespan; on
+    pp 2 x vp 2 it reaches the optimum (what certifies the free search there)."""
+    import numpy as np
+
+    from optimizer.layout_search import LinearLayouts, lp_region_bound, rank_order_region
+
+    ctx = dense_context(tmp_path, pp, vp, layers)
+    lin = LinearLayouts(ctx)
+    decoders, makespans = graph_makespans(ctx)
+    forward, backward = lin.times(lin.run_counts(decoders))  # [stage, K]
+    order = np.sort(np.unique(makespans))
+    bounds = []
+    for goal in (order[0] * (1 + 1e-9), order[min(20, len(order) - 1)] * (1 + 1e-9)):
+        region = rank_order_region(ctx, goal)
+        bound, paths = lp_region_bound(ctx, region, goal, time_limit_s=5.0)
+        inside = np.array([region.contains(d) for d in decoders])
+        assert bound is not None and bound <= makespans[inside].min() * (1 + 1e-12)
+        for n_f, n_b in paths:
+            assert (n_f @ forward + n_b @ backward <= makespans * (1 + 1e-12)).all()
+        bounds.append(bound)
+    if (pp, vp) == (2, 2):
+        assert bounds[0] >= order[0] * (1 - 1e-9)
+
+
+def test_lp_region_bound_needs_one_kind(tmp_path):
+    """With two kinds of layers (dense then MoE) the LP would lose their order: no bound."""
+    from optimizer.layout_search import RankRegion, lp_region_bound
+
+    ctx = context(tmp_path, 2, 2, 81559)
+    assert lp_region_bound(ctx, RankRegion((0, 0), (7, 7), 7), 1.0) == (None, [])
+
+
+def test_least_in_region_is_the_minimum():
+    """_least_in_region (the exact inner minimum of the LP bound) equals brute force over every
+    integer layer vector, for random stage costs, rank limits, per-stage limits and stage 0's cap."""
+    import itertools
+
+    import numpy as np
+
+    from optimizer.layout_search import RankRegion, _least_in_region
+
+    rng = np.random.default_rng(7)
+    pp, stages, n = 2, 6, 7
+    for _ in range(60):
+        cost = rng.uniform(0.0, 5.0, stages)
+        low_rank = rng.integers(0, 4, pp)
+        region = RankRegion(tuple(int(x) for x in low_rank), tuple(int(x) for x in low_rank + rng.integers(0, 5, pp)), int(rng.integers(0, 4)))
+        low = np.full(stages, float(rng.integers(0, 2)))
+        cap = np.full(stages, float(rng.integers(1, 5)))
+        cap[0] = min(cap[0], region.stage0_high)
+        best = np.inf
+        for x in itertools.product(*(range(int(low[s]), int(cap[s]) + 1) for s in range(stages))):
+            x = np.array(x)
+            totals = [x[r::pp].sum() for r in range(pp)]
+            if x.sum() == n and all(lo <= t <= hi for lo, t, hi in zip(region.low, totals, region.high)):
+                best = min(best, float(cost @ x))
+        assert _least_in_region(cost, region, low, cap, n) == pytest.approx(best, rel=1e-12) if np.isfinite(best) else \
+            _least_in_region(cost, region, low, cap, n) == np.inf
+
+
+@pytest.mark.parametrize("schedule,pp,vp,m", [("1f1b", 4, 1, 6), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 4, 3, 16),
+                                              ("interleaved_1f1b", 2, 4, 4)])
+def test_chunk_segments_hold(schedule, pp, vp, m):
+    """Megatron's lists keep a rank's later chunks inside each chunk's (first forward, last
+    backward) segment, which the rank-order argument needs; a list that runs a later chunk's
+    forward after that segment does not."""
+    from costmodel.schedule_sim import schedule_ops
+    from optimizer.layout_search import chunk_segments_hold
+
+    ops = schedule_ops(schedule, pp, vp, m)
+    assert chunk_segments_hold(ops, pp, vp, m)
+    if vp > 1:
+        rank_ops = list(ops[1])
+        late = next(i for i, op in enumerate(rank_ops) if op.kind == "F" and op.stage // pp == vp - 1)
+        rank_ops.append(rank_ops.pop(late))  # that forward now runs last
+        assert not chunk_segments_hold([ops[0], rank_ops, *ops[2:]], pp, vp, m)
+
+
+@pytest.mark.parametrize("pp,vp", [(2, 2), (4, 1)])
+@pytest.mark.parametrize("memory_mib", [81559, 5000])  # 5000 MiB: the fastest pp 2 x vp 2 layout (5.1 GiB) does not fit
+@pytest.mark.parametrize("time_limit_s", [0.05, 20.0])
+def test_dense_free_search_bound_holds(tmp_path, pp, vp, memory_mib, time_limit_s):
+    """One kind of layer, so the free search runs rank_order_region and lp_region_bound: its
+    proven bound never exceeds the makespan of any layout that fits (exact model, every layout
+    enumerated), cut short or not; with time it certifies enumeration's optimum, with no CP-SAT
+    round where memory does not bind (the region's LP reaches it), with CP-SAT rounds over the
+    region's rows and memory rows where it does (5000 MiB on pp 2 x vp 2)."""
+    ctx = dense_context(tmp_path, pp, vp, 7, memory_mib)
+    best, _ = best_by_enumeration(ctx, "makespan")
+    seeds = tuple(layout for layout, score in enumerate_layouts(ctx) if score.fits)[-1:]
+    solution = solve_layout(ctx, time_limit_s=time_limit_s, seeds=seeds)
+    assert solution.fits
+    assert solution.lower_bound_s <= best * (1 + 1e-9)
+    assert best <= solution.makespan_s * (1 + 1e-12)
+    if time_limit_s >= 20:
+        assert solution.optimal and solution.makespan_s == pytest.approx(best, rel=1e-6)
+        if memory_mib == 81559:
+            assert solution.bound_source == "rank-lp" and solution.rounds == 0
