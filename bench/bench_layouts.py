@@ -82,6 +82,7 @@ BOUND_NOTES = {
     "cp-sat": "",
     "rank-lp": " (proven by the integer rank totals a faster layout needs and the schedule graph's LP over them)",
     "work": " (the work bound: no CP-SAT round proved more)",
+    "recompute-split": " (proven by recompute as a yes/no per rank: a rank that recomputes is over its memory without it)",
 }
 
 

@@ -70,7 +70,8 @@ class LayoutSolution:
     fits: bool
     rounds: int  # CP-SAT solves (one per critical path added)
     # what proved lower_bound_s: "cp-sat"; "rank-lp" (rank_order_region and lp_region_bound, before
-    # or instead of CP-SAT rounds); or "work" (work_bound_s: nothing bounded better)
+    # or instead of CP-SAT rounds); "recompute-split" (recompute_split_bound); or "work"
+    # (work_bound_s: nothing bounded better)
     bound_source: str = "cp-sat"
 
     @property
@@ -589,7 +590,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
-                 scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75) -> LayoutSolution:
+                 scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75,
+                 split_fraction: float | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -638,7 +640,17 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     most region_fraction of the rest (the LP stops early where it stops gaining), CP-SAT the
     rest. The bound reported is the best of CP-SAT's, the region LP's and work_bound_s
     (bound_source says which): a search whose CP-SAT rounds prove nothing in time still
-    carries a proven gap."""
+    carries a proven gap.
+    split_fraction: the share of the time left after the local search given to
+    recompute_split_bound (skeletons with recompute, with an incumbent): recompute as a yes/no
+    per rank, where a rank that recomputes is over its capacity without it and pays at least
+    one recomputed layer. Default: all of it for regular layouts whose incumbent recomputes at
+    most one layer per rank (DeepSeek-V3 on pp 16 x vp 2, whose optimum recomputes nothing:
+    certified in 5-10 s, where the search's own rounds stop at a 5.9% gap, their LP recomputing a
+    fraction of a layer); none where it recomputes more (the relaxation prices a rank's
+    recompute at one layer, so it cannot reach such an incumbent: Llama 3 405B cp 1, 27 layers,
+    11.5% instead of the rounds' 6.1%) and none for free layouts (there its CP-SAT model, 32
+    more booleans, proved less in 10 s than the search's own rounds: 56.5 s against 56.8 s)."""
     start = time.perf_counter()
     scores = {} if scores is None else scores
 
@@ -989,6 +1001,23 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 proven = found_lb - slack >= goal
         if lp_bound is not None:
             bound = max(bound, lp_bound)
+    split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector
+    if split_fraction is None:  # see the docstring: where it was measured to certify
+        split_fraction = 0.0
+        if chunk_spread is not None and best is not None:
+            split_fraction = 1.0 if max(sum(best.recompute[r::pp]) for r in range(pp)) <= 1 else 0.0
+    split_budget = split_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+    if refine and best is not None and recompute and not graph and not proven and split_budget >= 0.5:
+        goal = best_score.pipeline_s - best_score.pp_exposed_s
+        found_lb, split_paths = recompute_split_bound(ctx, goal, lin, time_limit_s=split_budget, workers=workers, paths=cuts,
+                                                      chunk_spread=chunk_spread, min_layers=min_layers, max_layers=max_layers,
+                                                      hint=best, round_limit_s=round_limit_s)
+        for n_f, n_b in split_paths:
+            cut(n_f, n_b)
+        if found_lb is not None:
+            split_bound = min(found_lb, goal - 2 * slack)
+            bound = max(bound, split_bound)
+            proven = found_lb >= goal - 2 * max(slack, _split_slack(ctx, lin))
     while not proven:
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0 and best is not None:
@@ -1072,13 +1101,311 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     if paths is not None:
         paths.update(cuts)
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
-    source = "rank-lp" if lp_bound is not None and bound <= lp_bound else "cp-sat"
+    source = "rank-lp" if lp_bound is not None and bound <= lp_bound else "recompute-split" if split_bound is not None and bound <= split_bound else "cp-sat"
     if not proven:
         floor = work_bound_s(ctx, lin) - slack
         if floor > bound:
             bound, source = floor, "work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
                           proven, time.perf_counter() - start, best_score.fits, rounds, source)
+
+
+def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | None" = None, time_limit_s: float = 5.0,
+                          workers: int = 2, paths=(), chunk_spread: int | None = None, min_layers: int = 0,
+                          max_layers: int | None = None, hint: StageLayout | None = None,
+                          round_limit_s: float = 4.0) -> tuple[float | None, list]:
+    """A lower bound on the makespan of every fitting layout and recompute vector of a
+    skeleton with full recompute, from a relaxation where recompute is a yes/no per rank
+    (Megatron's per-stage counts, per-chunk recompute), and the paths that prove it: (None, [])
+    where the skeleton has no recompute. Proves goal_s - 2 slack (every layout is at least
+    that: certifies an incumbent of makespan goal_s) where the relaxation has no point below
+    it; else CP-SAT's bound over the relaxation.
+
+    The relaxation. Take a fitting layout (L, r) and zero the recompute of every rank that
+    fits without it (memory is per rank: the others are untouched, and recompute only adds
+    time, so the makespan does not grow); call its recomputing ranks S. Then:
+    * every rank outside S recomputes nothing and fits: its memory rows at r = 0 (the
+      no-recompute search's rows) hold;
+    * every rank in S does not fit at r = 0, so its envelope (each chunk's activations times
+      the most micro-batches it ever holds in flight, a row above every in-flight row) is over
+      the capacity;
+    * every rank in S recomputes the first layer of some stage of its own with layers (Megatron's
+      block method recomputes a stage's first r_s), whose recompute adds to that stage's
+      backward: with x_s = 1 for one such stage per rank in S, the makespan with recompute x
+      (a path's length is monotone in the stage times) is at most (L, r)'s.
+    So min over (L, x) of the schedule graph's makespan under those rows bounds every fitting
+    layout. Memory: integer KiB rows with coefficients rounded down (the budget up) and the
+    envelope rounded up (its threshold down), so every fitting layout satisfies them. Times:
+    path cuts as the layout search's (rounded to integer ns: the slack), ranks' busy time.
+    Where memory forces recompute only on a few ranks whose layers cost a lot (DeepSeek-V3 on
+    pp 16 x vp 2: a 4-layer rank that recomputes a MoE layer adds 480 x 12 ms), the yes/no is
+    what the search model's LP relaxation misses: it recomputes a fraction of a layer.
+    Rounds as the free search's: answers the model prices below goal_s - 2 slack; each one's
+    longest path becomes a cut and the memory rows it breaks come in (lazily: ~100 in-flight
+    vectors per rank); INFEASIBLE proves the goal; an answer of the relaxation truly below the
+    goal ends it (the relaxation cannot certify it)."""
+    start = time.perf_counter()
+    lin = lin or LinearLayouts(ctx)
+    u = lin.u
+    if not lin.recompute or (np.asarray(u["kind_recompute"]) < 0).any():
+        return None, []
+    pp, vp, m = ctx.pp, ctx.vp, ctx.microbatches
+    stages, n = lin.stages, len(ctx.kind_of_layer)
+    runs = lin.runs
+    kind_of_run = [int(k) for k in lin.kind_of_run]
+    graph = schedule_graph(ctx)
+    model = cp_model.CpModel()
+    t = [model.NewIntVar(min_layers, n if max_layers is None else max_layers, f"t{s}") for s in range(stages)]
+    x = [model.NewBoolVar(f"x{s}") for s in range(stages)]  # stage s's first layer recomputed
+    prefix = [model.NewIntVar(0, n, f"P{s}") for s in range(stages)]
+    for s in range(stages):
+        model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
+        model.Add(x[s] <= t[s])
+    model.Add(prefix[-1] == n)
+    if chunk_spread is not None:
+        for r in range(pp):
+            low = model.NewIntVar(0, n, "")
+            model.AddMinEquality(low, t[r::pp])
+            for v in t[r::pp]:
+                model.Add(v <= low + chunk_spread)
+
+    # layers of each kind-run per stage as differences of the clipped prefix sums (solve_layout's
+    # encoding: the clips are shared by neighbouring stages, which keeps the LP relaxation tight)
+    def clip(value, j, tag):
+        _, a, b = runs[j]
+        high = model.NewIntVar(a, n + 1, f"{tag}h{j}")
+        model.AddMaxEquality(high, [value, a])
+        q = model.NewIntVar(a, b, f"{tag}q{j}")
+        model.AddMinEquality(q, [high, b])
+        return q
+
+    if len(runs) == 1:
+        run_counts = [[t[s]] for s in range(stages)]
+        x_counts = [[x[s]] for s in range(stages)]
+    else:
+        clipped = [[clip(prefix[s], j, f"c{s}") for s in range(stages)] for j in range(len(runs))]
+        run_counts = [[clipped[j][s] - (clipped[j][s - 1] if s else runs[j][1]) for j in range(len(runs))] for s in range(stages)]
+        x_counts = [[clip((prefix[s - 1] if s else 0) + x[s], j, f"x{s}") - (clipped[j][s - 1] if s else runs[j][1])
+                     for j in range(len(runs))] for s in range(stages)]
+    if len(runs) > 1:
+        for s in range(stages):  # implied; stated so the LP relaxation of the clips keeps them (solve_layout)
+            model.Add(sum(x_counts[s]) == x[s])
+            model.Add(sum(run_counts[s]) == t[s])
+            for j in range(len(runs)):
+                model.Add(x_counts[s][j] >= 0)
+                model.Add(x_counts[s][j] <= run_counts[s][j])
+    fwd = [int(round(u["kind_forward"][k] * TIME_SCALE)) for k in kind_of_run]
+    bwd = [int(round((u["kind_total"][k] - u["kind_forward"][k]) * TIME_SCALE)) for k in kind_of_run]
+    rec = [int(round(u["kind_recompute"][k] * TIME_SCALE)) for k in kind_of_run]
+    cf = [int(round(v * TIME_SCALE)) for v in lin.const_forward_s]
+    cb = [int(round(v * TIME_SCALE)) for v in lin.const_backward_s]
+    f_expr = [sum(fwd[j] * run_counts[s][j] for j in range(len(runs))) + cf[s] for s in range(stages)]
+    b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * x_counts[s][j] for j in range(len(runs))) + cb[s] for s in range(stages)]
+    per_op = (float(np.max(u["kind_total"] + u["kind_recompute"])) * n + float(lin.const_forward_s.max() + lin.const_backward_s.max())) * TIME_SCALE
+    slack = _split_slack(ctx, lin)
+    cap = min(int(math.floor((goal_s - 2 * slack) * TIME_SCALE)), int(2 * m * stages * per_op) + 1)
+    if cap < 0:
+        return None, []
+    z = model.NewIntVar(0, cap, "makespan")  # only layouts below the goal
+    cuts, new_paths = set(), []
+
+    def cut(n_f, n_b) -> bool:
+        key = (tuple(np.asarray(n_f).astype(int)), tuple(np.asarray(n_b).astype(int)))
+        if key in cuts:
+            return False
+        cuts.add(key)
+        new_paths.append((np.asarray(n_f, dtype=float), np.asarray(n_b, dtype=float)))
+        model.Add(z >= sum(int(key[0][s]) * f_expr[s] + int(key[1][s]) * b_expr[s] for s in range(stages) if key[0][s] or key[1][s]))
+        return True
+
+    for n_f, n_b in sorted(paths):
+        cut(np.array(n_f), np.array(n_b))
+    for n_f, n_b in segment_paths(ctx.ops, stages, m):
+        if chunk_spread is None or (n_f == n_b).all():
+            cut(n_f, n_b)
+    kinds_used = sorted(set(kind_of_run))
+    candidates = recomputing_ranks(ctx, goal_s, lin)
+    recomputing = []
+    for r in range(pp):  # busy time over integer kind totals (solve_layout's rows)
+        mine = range(r, stages, pp)
+        busy = 0
+        for k in kinds_used:
+            js = [j for j, kind in enumerate(kind_of_run) if kind == k]
+            total = model.NewIntVar(0, n, f"L{r}_{k}")
+            model.Add(total == sum(run_counts[s][j] for s in mine for j in js))
+            again = model.NewIntVar(0, vp, f"R{r}_{k}")
+            model.Add(again == sum(x_counts[s][j] for s in mine for j in js))
+            busy += (fwd[js[0]] + bwd[js[0]]) * total + rec[js[0]] * again
+        model.Add(z >= m * (busy + sum(cf[s] + cb[s] for s in mine)))
+        y = model.NewBoolVar(f"y{r}")  # the rank recomputes (is in S)
+        model.Add(y <= sum(x[s] for s in mine))
+        if r not in candidates:  # no layout below the goal has it recompute: r = 0 rows, no recompute
+            model.Add(y == 0)
+            for s in mine:
+                model.Add(x[s] == 0)
+        recomputing.append(y)
+
+    # memory, in thousandths of KiB: coefficients rounded down for the rows (a fitting layout
+    # meets them), up for the envelope (a rank over the capacity is over it)
+    scale = 1000.0 / BYTE_SCALE
+    budget = int(math.ceil(lin.capacity * scale))
+    threshold = int(math.floor(lin.capacity * scale))
+    frag = lin.frag
+    rows, added = {}, set()
+    for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
+        mine = list(range(r, stages, pp))
+        held = np.asarray(ctx.held[r])
+
+        def row(coef_of, const, rounding):
+            terms = []
+            for c, s in enumerate(mine):
+                for j, k in enumerate(kind_of_run):
+                    coef = int(rounding(coef_of(c, k) * scale))
+                    if coef:
+                        terms.append(coef * run_counts[s][j])
+            return sum(terms) + int(rounding(const * scale))
+
+        rows[r, -1] = row(lambda c, k: base[k] + (1 + frag) * trans[k], base0 + (1 + frag) * trans0, math.floor)
+        for i, h in enumerate(held):
+            rows[r, i] = row(lambda c, k, h=h: base[k] + (1 + frag) * h[c] * lin.u["kind_activation"][k],
+                             base0 + (1 + frag) * (head + h[-1] * mtp_act), math.floor)
+        top = held.max(axis=0) if len(held) else np.zeros(len(mine))
+        envelope = row(lambda c, k: base[k] + (1 + frag) * top[c] * lin.u["kind_activation"][k],
+                       base0 + (1 + frag) * (head + top[-1] * mtp_act), math.ceil)
+        model.Add(envelope >= threshold + 1).OnlyEnforceIf(recomputing[r])
+        model.Add(rows[r, -1] <= budget)  # the optimizer transient: recompute does not lower it
+        added.add((r, -1))
+
+    def add_rows(decoders, ranks_free) -> bool:
+        """Rows an r = 0 layout breaks (or comes nearest to), of the ranks that do not recompute."""
+        counts = lin.run_counts(np.asarray(decoders)[None])
+        new = False
+        for r, values in enumerate(lin.rank_rows(counts, None)):
+            if r in ranks_free:
+                continue
+            values = values[0]
+            for i in [int(np.argmax(values))] + [int(i) for i in np.flatnonzero(values > lin.capacity)]:
+                if (r, i - 1) not in added:
+                    added.add((r, i - 1))
+                    constraint = model.Add(rows[r, i - 1] <= budget)
+                    if i > 0:
+                        constraint.OnlyEnforceIf(recomputing[r].Not())
+                    new = True
+        return new
+
+    if hint is not None:
+        add_rows(hint.decoders, set())
+        for var, value in zip(t + x, list(hint.decoders) + [0] * stages):
+            model.AddHint(var, value)
+    model.Minimize(z)
+    bound = None
+    while time.perf_counter() - start < time_limit_s:
+        found = _Answers(t + x)
+        solver = cp_model.CpSolver()
+        left = time_limit_s - (time.perf_counter() - start)
+        solver.parameters.max_time_in_seconds = max(min(left, round_limit_s) if left >= 2 * round_limit_s else left, 0.05)
+        solver.parameters.num_workers = int(workers)
+        solver.parameters.random_seed = 0
+        status = solver.Solve(model, found)
+        if status == cp_model.INFEASIBLE:
+            return goal_s - 2 * slack, new_paths
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+            value = min(solver.BestObjectiveBound() / TIME_SCALE - slack, goal_s - 2 * slack)
+            bound = value if bound is None else max(bound, value)
+        if not found.answers:
+            continue
+        answers = np.array(found.answers, dtype=np.int64)
+        decoders, marks = answers[:, :stages], answers[:, stages:]
+        counts = lin.run_counts(decoders)
+        recomputed = lin.recompute_counts(decoders, marks)
+        f, b = lin.times(counts, recomputed)
+        values = graph.makespan(f, b)
+        new = False
+        for n_f, n_b in zip(*graph.paths(f, b)):
+            new |= cut(n_f, n_b)
+        rank_rows = lin.rank_rows(counts, None)
+        below = False
+        for k in range(len(answers)):
+            free = {r for r in range(pp) if marks[k, r::pp].any()}
+            ok = all(rank_rows[r][k, 0] <= lin.capacity and (r in free or rank_rows[r][k].max() <= lin.capacity) for r in range(pp))
+            if ok and values[k] < goal_s - 2 * slack:
+                below = True  # the relaxation has a point below the goal: it cannot certify it
+            if not ok:
+                new |= add_rows(decoders[k], free)
+        if below:
+            break
+        if not new:
+            for answer in found.answers:
+                model.AddForbiddenAssignments(t + x, [answer])
+    return bound, new_paths
+
+
+def _split_slack(ctx: LayoutContext, lin: "LinearLayouts") -> float:
+    """recompute_split_bound's integer rounding (seconds): a path of <= 2 m ops per stage, each
+    off by <= 0.5 ns per rounded term (its layers, recomputed layers and constant)."""
+    stages, n = lin.stages, len(ctx.kind_of_layer)
+    return 0.5 * 2 * ctx.microbatches * max(stages * (2 * len(lin.runs) + 1), 2 * n + stages) / TIME_SCALE
+
+
+def recomputing_ranks(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | None" = None, limit: int = 20000) -> set[int]:
+    """The ranks that may recompute in a layout whose makespan is below `goal_s`, where no
+    layout recomputes on a rank that fits without it (zeroing such a rank's recompute keeps
+    the layout fitting, the other ranks' memory untouched, and does not slow it): such a rank
+    holds kind counts per chunk over its capacity at r = 0 (its exact linear rows, transient
+    within it) whose busy time with one more recomputed layer (the cheapest kind it holds),
+    m * (its layers' forward+backward + its stages' constants + that recompute), is below the
+    goal. Enumerated per rank over its chunks' counts of each kind (kinds' order relaxed, as
+    many layers as its busy time allows); a rank whose enumeration would pass `limit` vectors is
+    kept (no claim)."""
+    lin = lin or LinearLayouts(ctx)
+    u = lin.u
+    pp, vp, m = ctx.pp, ctx.vp, ctx.microbatches
+    kinds = sorted(set(int(k) for k in lin.kind_of_run))
+    available = {k: sum(b - a for kind, a, b in lin.runs if kind == k) for k in kinds}
+    cost = {k: float(u["kind_total"][k]) for k in kinds}
+    rec = {k: float(u["kind_recompute"][k]) for k in kinds}
+    out = set()
+    for r in range(pp):
+        const = float(sum(lin.const_forward_s[s] + lin.const_backward_s[s] for s in range(r, lin.stages, pp)))
+        room = goal_s / m - const  # seconds per micro-batch the rank's layers and recompute may take
+        if room <= 0:
+            continue
+        most = {k: min(available[k], int(room // cost[k]) if cost[k] > 0 else available[k]) for k in kinds}
+        cells = [(c, k) for c in range(vp) for k in kinds]
+        # every vector of counts per (chunk, kind) within each kind's most (a bounded composition)
+        size = 1
+        for k in kinds:
+            size *= math.comb(most[k] + vp, vp)
+        if size > limit:
+            out.add(r)
+            continue
+        per_kind = {}
+        for k in kinds:
+            rows = [np.diff((-1,) + bars + (most[k] + vp,)) - 1 for bars in itertools.combinations(range(most[k] + vp), vp)]
+            per_kind[k] = np.array(rows, dtype=float)[:, :vp].reshape(-1, vp)  # the last part: layers not held
+        grids = np.meshgrid(*[np.arange(len(per_kind[k])) for k in kinds], indexing="ij")
+        counts = np.stack([per_kind[k][g.ravel()] for k, g in zip(kinds, grids)], axis=2)  # [V, chunk, kind]
+        totals = counts.sum(axis=1)  # [V, kind]
+        present = totals > 0
+        cheapest = np.where(present, np.array([rec[k] for k in kinds])[None, :], np.inf).min(axis=1)
+        busy = totals @ np.array([cost[k] for k in kinds]) + cheapest
+        keep = busy < room
+        if not keep.any():
+            continue
+        counts, totals = counts[keep], totals[keep]
+        base0, base, trans0, trans, head, mtp_act = lin.memory[r]
+        base_k = np.array([base[k] for k in kinds])
+        trans_k = np.array([trans[k] for k in kinds])
+        act_k = np.array([u["kind_activation"][k] for k in kinds])
+        fixed = base0 + totals @ base_k
+        transient = fixed + (1 + lin.frag) * (trans0 + totals @ trans_k)
+        held = np.asarray(ctx.held[r], dtype=float)  # [vectors, chunk]
+        chunk_bytes = counts @ act_k  # [V, chunk]
+        activations = fixed[:, None] + (1 + lin.frag) * (chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head)
+        over = (transient <= lin.capacity) & (activations.max(axis=1) > lin.capacity)
+        if over.any():
+            out.add(r)
+    return out
 
 
 def work_bound_s(ctx: LayoutContext, lin: "LinearLayouts | None" = None) -> float:
@@ -1570,6 +1897,8 @@ def launch_recompute(layout: StageLayout) -> dict:
 _BOUND_NOTES = {
     "cp-sat": "proven by CP-SAT over the critical-path cuts, for every layout of the skeleton",
     "work": "no CP-SAT round proved more in time: the busiest rank's least work (work_bound_s), for every layout of the skeleton",
+    "recompute-split": ("proven by recompute_split_bound (recompute as a yes/no per rank: a rank that recomputes is over its "
+                        "capacity without it and pays at least one recomputed layer), for every layout and recompute vector"),
     "rank-lp": ("proven by the integer rank totals a faster layout needs (rank_order_region) and the schedule graph's LP "
                 "relaxation within them (lp_region_bound), for every layout of the skeleton"),
 }

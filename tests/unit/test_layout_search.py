@@ -584,3 +584,49 @@ def test_dense_free_search_bound_holds(tmp_path, pp, vp, memory_mib, time_limit_
         assert solution.optimal and solution.makespan_s == pytest.approx(best, rel=1e-6)
         if memory_mib == 81559:
             assert solution.bound_source == "rank-lp" and solution.rounds == 0
+
+
+# --- recompute as a yes/no per rank (recompute_split_bound) -----------------------------------
+
+
+@pytest.mark.parametrize("pp,vp", [(2, 2), (4, 1)])
+@pytest.mark.parametrize("memory_mib", [200000, 49000, 44000, 41000])
+def test_recompute_split_bound_holds_for_every_layout(tmp_path, recompute_layouts, pp, vp, memory_mib):
+    """recompute_split_bound never exceeds the least simulated makespan over every fitting layout
+    and recompute vector (enumerated), for goals from the optimum to the slowest fitting layout,
+    and proves the goal where it returns it; the paths it returns are cuts (never above any
+    layout's makespan). recomputing_ranks holds every rank that recomputes and does not fit
+    without it in a fitting layout below the goal. At 200000 MiB (nothing needs recompute) it
+    certifies the optimum."""
+    import numpy as np
+
+    from costmodel.stage_layout import score_layout
+    from optimizer.layout_search import LinearLayouts, recompute_split_bound, recomputing_ranks
+
+    ctx = recompute_context(tmp_path, pp, vp, memory_mib)
+    lin = LinearLayouts(ctx)
+    fits = fitting(recompute_layouts[pp, vp], ctx)
+    if not fits:
+        return
+    best = min(makespan for _, _, makespan, _ in fits)
+    slowest = max(fits, key=lambda entry: entry[2])
+    everything = [layout for layout, *_ in recompute_layouts[pp, vp]]
+    counts, recomputed = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout in everything]))
+    forward, backward = lin.times(counts, recomputed)
+    makespans = np.array([makespan for _, _, makespan, _ in recompute_layouts[pp, vp]])
+    plain_rows = lin.rank_rows(counts, None)
+    for goal in (best * (1 + 1e-9), slowest[2]):
+        bound, paths = recompute_split_bound(ctx, goal, time_limit_s=10.0, hint=min(fits, key=lambda e: e[2])[0])
+        assert bound is not None and bound <= best * (1 + 1e-9)
+        for n_f, n_b in paths:
+            assert (n_f @ forward + n_b @ backward <= makespans * (1 + 1e-12)).all()
+        ranks = recomputing_ranks(ctx, goal, lin)
+        for k, (layout, peak, makespan, _) in enumerate(recompute_layouts[pp, vp]):
+            if peak > ctx.problem.hardware.memory_bytes or makespan >= goal:
+                continue
+            for r in range(pp):
+                if any(layout.recompute[r::pp]) and plain_rows[r][k].max() > ctx.problem.hardware.memory_bytes:
+                    assert r in ranks
+        if memory_mib == 200000 and goal < slowest[2]:
+            assert bound == pytest.approx(best, rel=1e-6)
+    assert score_layout(ctx, slowest[0]).fits
