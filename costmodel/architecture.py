@@ -177,6 +177,14 @@ class LayerWork:
         Table 2 rows 11-13 and the SwiGLU output): what FCDA splits into chunks."""
         return sum((self.saved[k] for k in CHUNKED if k in self.saved), 0.0 * self.input_bytes)
 
+    def attention_work(self, attention_factor) -> np.ndarray:
+        """The attention core's FLOPs on the rank that paces it: document masks shorten softmax
+        attention's rows (`attention_factor`, costmodel.documents); the delta rule's work is
+        linear in the tokens whatever the documents."""
+        if self.attention_class == "linear_attention":
+            return self.attention_flops_hw
+        return self.attention_flops_hw * attention_factor
+
     @property
     def saved_bytes(self) -> np.ndarray:
         return sum(self.saved.values())

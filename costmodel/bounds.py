@@ -55,8 +55,7 @@ def kind_bounds(work: LayerWork, comp: ComputeModel, attention_factor: np.ndarra
     """One layer's bounds per micro-batch on one GPU (seconds; the memory one in bytes):
     compute time at the best rates, HBM bytes, and the collectives on ideal links."""
     gemm_s = sum((3.0 * g.flops / comp.best_rate(g.kind) for g in work.gemms), 0.0 * work.input_bytes)
-    factor = 1.0 if work.attention_class == "linear_attention" else attention_factor  # document masks shorten softmax rows only
-    attention_s = 3.0 * work.attention_flops_hw * factor / comp.best_rate(work.attention_class)
+    attention_s = 3.0 * work.attention_work(attention_factor) / comp.best_rate(work.attention_class)
     gemm_bytes = sum((3.0 * comp.dtype_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count for g in work.gemms), 0.0 * work.input_bytes)
     totals = ideal.totals
     return {"compute": gemm_s + attention_s, "hbm_bytes": gemm_bytes + 3.0 * work.memory_bytes, "tp": totals["tp"], "cp": totals["cp"], "ep": totals["ep"]}

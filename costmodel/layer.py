@@ -204,9 +204,7 @@ def layer_time(
     dgrad = sum(d for d, _ in gemm_b.values()) if gemm_b else 0.0
     wgrad = sum(w for _, w in gemm_b.values()) if gemm_b else 0.0
     linear = work.attention_class == "linear_attention"
-    # document masks shorten softmax attention's rows; the delta rule's work is linear in the
-    # tokens whatever the documents
-    attn_f = comp.attention_time(work.attention_flops_hw * (1.0 if linear else attention_factor), attention_tokens, work.attention_class)
+    attn_f = comp.attention_time(work.attention_work(attention_factor), attention_tokens, work.attention_class)
     attn_b = attn_f * (eff.linear_attention_backward_ratio if linear else 2.0 if unfused_attention else eff.attention_backward_ratio)
     mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
     mem_total = sum(mem_f.values())

@@ -74,6 +74,16 @@ RULES: dict[str, tuple[str, str]] = {
 }
 
 
+def op_sac_modelled(problem: Problem) -> bool:
+    """Whether torchtitan's per-op selective recompute (module ops, architecture.op_sac) is
+    modelled for this model: dense layers with softmax flash attention (its matmul count and
+    kept tensors are a Llama block's), no MLA, linear attention or output gate; tp = 1 is the
+    rule's per-configuration part."""
+    m = problem.model
+    return (m.moe is None and m.mla is None and not m.attention_output_gate and "linear_attention" not in (m.layer_types or ())
+            and problem.training.attention_kernel == "flash")
+
+
 def tp_domain(problem: Problem) -> int:
     """GPUs TP may span: a node, or a supernode if search.tp_domain says so."""
     cl = problem.cluster
@@ -183,8 +193,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     if m.mla is None:
         bad_module |= _has(mods, RECOMPUTE_MODULE_BITS["mla_up_proj"])
     out["recompute_modules"] = bad_module
-    expressible = dense and m.mla is None and not m.attention_output_gate and "linear_attention" not in (m.layer_types or ()) and tr.attention_kernel == "flash"
-    out["recompute_ops"] = selective & _has(mods, RECOMPUTE_MODULE_BITS["ops"]) & ((t > 1) | (not expressible))
+    out["recompute_ops"] = selective & _has(mods, RECOMPUTE_MODULE_BITS["ops"]) & ((t > 1) | (not op_sac_modelled(problem)))
     out["offload_excludes_recompute"] = (cfg.activation_offload != 0) & (cfg.recompute != 0)
     out["moe_chunks_needs_moe"] = (cfg.moe_chunks != 1) & dense
 

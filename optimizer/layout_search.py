@@ -697,11 +697,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         for j, (_, a, b) in enumerate(runs):
             row = []
             for s in range(stages):
-                high = model.NewIntVar(a, n_layers, f"h{j}_{s}")
-                model.AddMaxEquality(high, [prefix[s], a])
-                q = model.NewIntVar(a, b, f"q{j}_{s}")
-                model.AddMinEquality(q, [high, b])
-                row.append(q)
+                row.append(clipped_prefix(model, prefix[s], a, b, n_layers, f"{j}_{s}"))
             clipped.append(row)
         run_counts = [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)]
     kind_of_run = [kind for kind, _, _ in runs]
@@ -719,10 +715,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 if j == len(runs) - 1:  # the last run: what the others leave of r_s (half the clips)
                     row.append(rc[s] - sum(row))
                     continue
-                high = model.NewIntVar(a, n_layers, f"rh{j}_{s}")
-                model.AddMaxEquality(high, [(prefix[s - 1] if s else 0) + rc[s], a])
-                q = model.NewIntVar(a, b, f"rq{j}_{s}")
-                model.AddMinEquality(q, [high, b])
+                q = clipped_prefix(model, (prefix[s - 1] if s else 0) + rc[s], a, b, n_layers, f"r{j}_{s}")
                 row.append(q - (clipped[j][s - 1] if s else a))
             rc_counts.append(row)
             # implied, but the LP relaxation of the clips above lets a run's recomputed count go
@@ -1110,6 +1103,17 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                           proven, time.perf_counter() - start, best_score.fits, rounds, source)
 
 
+def clipped_prefix(model: cp_model.CpModel, value, a: int, b: int, upper: int, tag: str):
+    """min(max(value, a), b) as a CP-SAT variable: a prefix sum of layers clipped to the kind
+    run [a, b), whose differences between neighbouring stages count that run's layers per stage
+    (the clips shared by neighbours keep the LP relaxation tight)."""
+    high = model.NewIntVar(a, upper, f"h{tag}")
+    model.AddMaxEquality(high, [value, a])
+    q = model.NewIntVar(a, b, f"q{tag}")
+    model.AddMinEquality(q, [high, b])
+    return q
+
+
 def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | None" = None, time_limit_s: float = 5.0,
                           workers: int = 2, paths=(), chunk_spread: int | None = None, min_layers: int = 0,
                           max_layers: int | None = None, hint: StageLayout | None = None,
@@ -1173,11 +1177,7 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
     # encoding: the clips are shared by neighbouring stages, which keeps the LP relaxation tight)
     def clip(value, j, tag):
         _, a, b = runs[j]
-        high = model.NewIntVar(a, n + 1, f"{tag}h{j}")
-        model.AddMaxEquality(high, [value, a])
-        q = model.NewIntVar(a, b, f"{tag}q{j}")
-        model.AddMinEquality(q, [high, b])
-        return q
+        return clipped_prefix(model, value, a, b, n + 1, f"{tag}{j}")
 
     if len(runs) == 1:
         run_counts = [[t[s]] for s in range(stages)]

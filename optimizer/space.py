@@ -35,7 +35,7 @@ from costmodel.configs import (
 )
 from costmodel.frameworks import FRAMEWORK_RULES, rule_key, rule_of
 from costmodel.layout import SPLIT_MODES, split_layers
-from costmodel.rules import tp_domain, violations
+from costmodel.rules import op_sac_modelled, tp_domain, violations
 from costmodel.specs import FEATURES, Problem
 
 SKELETON_FIELDS = ("tp", "cp", "pp", "vp", "ep", "etp", "mbs", "first_layers", "last_layers", "pp_schedule", "pp_group", "cp_comm", "cp_a2a", "dp_shard")
@@ -109,9 +109,8 @@ def _modules_exist(modules, problem: Problem) -> bool:
         return False
     if m.moe is not None and not m.moe.num_shared_experts and "shared_experts" in modules:
         return False
-    if "ops" in modules and (m.moe is not None or m.mla is not None or m.attention_output_gate or "linear_attention" in (m.layer_types or ())
-                             or problem.training.attention_kernel != "flash"):
-        return False  # torchtitan's per-op policy is modelled for dense softmax-attention layers (rule recompute_ops)
+    if "ops" in modules and not op_sac_modelled(problem):
+        return False  # torchtitan's per-op policy where it is modelled (rule recompute_ops)
     return m.mla is not None or "mla_up_proj" not in modules
 
 

@@ -353,11 +353,16 @@ def main() -> int:
             traceback.print_exc()
         print(f"{name}: {table.n} rows in {time.time() - t0:.0f} s", flush=True)
         meta[f"{name}_rows"] = table.n
-    meta["driver_clocks_after"] = nvsmi("driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu")
-    with open(os.path.join(args.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    write_meta(meta, args.out)
     print(json.dumps(meta, indent=1))
     return 0
+
+
+def write_meta(meta: dict, out_dir: str) -> None:
+    """meta.json of a run: what main gathered, with the clocks read at its end."""
+    meta["driver_clocks_after"] = nvsmi("driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu")
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(__file__))
-from measure_kernels import Table, nvsmi, rel_err  # noqa: E402
+from measure_kernels import Table, nvsmi, rel_err, write_meta  # noqa: E402
 
 WARMUP_MS = 5
 REP_MS = 30
@@ -249,9 +249,7 @@ def main() -> int:
             traceback.print_exc()
         print(f"{name}: {table.n} rows in {time.time() - t0:.0f} s", flush=True)
         meta[f"{name}_rows"] = table.n
-    meta["driver_clocks_after"] = nvsmi("driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu")
-    with open(os.path.join(args.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    write_meta(meta, args.out)
     return 0
 
 
