@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.specs import ModelSpec, TrainingSpec
-from costmodel.units import DTYPE_BYTES
+from costmodel.units import DTYPE_BYTES, FP8_COMPUTE
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,9 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "layer_input": SavedTag("attn_norm"),
     "qkv_input": SavedTag("qkv_linear", ("layernorm",)),
     "q_down_out": SavedTag("qkv_linear"),
+    "q_norm_out": SavedTag("qkv_linear"),
     "kv_down_out": SavedTag("qkv_linear"),
+    "kv_norm_out": SavedTag("qkv_linear"),
     "q": SavedTag("core_attn", ("mla_up_proj",)),
     "k": SavedTag("core_attn", ("mla_up_proj",)),
     "v": SavedTag("core_attn", ("mla_up_proj",)),
@@ -117,6 +119,7 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "attn_dropout_mask": SavedTag("core_attn", ("core_attn",)),
     "attn_dropout_out": SavedTag("core_attn", ("core_attn",)),
     "attn_out": SavedTag("attn_proj"),
+    "attn_out_fp8": SavedTag("attn_proj"),  # fp8 GEMMs: the output projection's own copy beside the kernel's output
     # gated attention (attention_output_gate): the gate logits and the ungated core output
     "attn_gate": SavedTag("attn_proj"),
     "attn_core_out": SavedTag("attn_proj"),
@@ -143,6 +146,11 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "gdn_z": SavedTag("attn_proj"),
 }
 
+
+#: saved tensors that only a GEMM keeps, for its weight gradient: with fp8 GEMMs the framework keeps
+#: the quantized copy it computed with (`fp8_saved_inputs`). The attention output is not among them
+#: where a flash kernel also keeps it for its own backward.
+FP8_SAVED = ("qkv_input", "q_norm_out", "kv_norm_out", "mlp_input", "act_out", "shared_act_out", "expert_input", "expert_act_out")
 
 #: the saved tensors of the routed experts, proportional to s' (split by MemFine's FCDA)
 CHUNKED = ("expert_input", "expert_fc1_out", "expert_act_out", "expert_output")
@@ -411,14 +419,16 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
         if mla.q_lora_rank:
             gemms.append(Gemm("q_down", T, np.full_like(T, mla.q_lora_rank), np.full_like(T, h)))
             gemms.append(Gemm("q_up", T, a_t * dqk, np.full_like(T, mla.q_lora_rank), modules=("mla_up_proj",)))
-            saved["q_down_out"] = D * T * mla.q_lora_rank * 2  # down-proj output and its norm
+            saved["q_down_out"] = D * T * mla.q_lora_rank  # down-proj output (the norm's input)
+            saved["q_norm_out"] = D * T * mla.q_lora_rank  # its norm, the up projection's input
             ops.append(MemoryOp("q_norm", 2 * D * T * mla.q_lora_rank))
         else:
             gemms.append(Gemm("q_proj", T, a_t * dqk, np.full_like(T, h)))
         kv_down = mla.kv_lora_rank + mla.qk_rope_head_dim
         gemms.append(Gemm("kv_down", T, np.full_like(T, kv_down), np.full_like(T, h)))
         gemms.append(Gemm("kv_up", T, a_t * (mla.qk_nope_head_dim + dv), np.full_like(T, mla.kv_lora_rank), modules=("mla_up_proj",)))
-        saved["kv_down_out"] = D * T * (kv_down + mla.kv_lora_rank)
+        saved["kv_down_out"] = D * T * kv_down  # down-proj output (compressed KV and the rope key)
+        saved["kv_norm_out"] = D * T * mla.kv_lora_rank  # the compressed KV's norm, the up projection's input
         ops.append(MemoryOp("kv_norm", 2 * D * T * mla.kv_lora_rank))
         first_gemm = "q_down" if mla.q_lora_rank else "q_proj"
     else:
@@ -544,7 +554,32 @@ def layer_work(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, kind: tuple) -
         work = moe_layer(m, tr, sh, D, attention, kind[2] if len(kind) > 2 else (0.0, 1.0))
     else:
         work = dense_layer(m, tr, sh, D, attention)
-    return weight_casts(work, tr, D)
+    return fp8_saved_inputs(weight_casts(work, tr, D), m, tr, D)
+
+
+def fp8_saved_inputs(work: LayerWork, m: ModelSpec, tr: TrainingSpec, D: int) -> LayerWork:
+    """fp8 GEMMs keep, for the weight gradient, the fp8 copy of the input they computed with
+    (training.fp8_saved_inputs): one byte an element where the activation dtype takes D.
+    Transformer Engine 2.x (module/linear.py and layernorm_linear.py: the quantized input or
+    norm output is saved with its column-wise usage only, the row-wise copy dropped) and
+    torchao's float8 tensorwise linear (0.7: manual_float8_matmul_with_args_in_float8 saves
+    input_fp8). A tensor another operator also keeps stays: the SwiGLU input (fc1's output), the
+    norm inputs, q/k/v and the expert output; the attention output stays too where a flash
+    kernel keeps it for its own backward (Transformer Engine's fused attention saves `out`), and
+    the output projection's fp8 copy comes on top. The output head and the router are not fp8
+    GEMMs (Megatron's output layer and router are not Transformer Engine modules). MXFP8's
+    scales (1/32 byte an element) are not counted."""
+    if tr.dtypes.compute not in FP8_COMPUTE or not tr.fp8_saved_inputs:
+        return work
+    fp8 = DTYPE_BYTES["fp8"]
+    saved = {name: bytes_ * fp8 / D if name in FP8_SAVED else bytes_ for name, bytes_ in work.saved.items()}
+    flash_keeps_output = (work.attention_class == "attention" and tr.attention_kernel == "flash"
+                          and not (m.attention_output_gate and m.mla is None))
+    if flash_keeps_output:
+        saved["attn_out_fp8"] = work.saved["attn_out"] * fp8 / D
+    else:
+        saved["attn_out"] = work.saved["attn_out"] * fp8 / D
+    return dataclasses.replace(work, saved=saved)
 
 
 def weight_casts(work: LayerWork, tr: TrainingSpec, D: int) -> LayerWork:
@@ -592,7 +627,7 @@ def op_sac(work: LayerWork) -> OpSAC:
     k_share = sv["k"] / (sv["q"] + sv["k"] + sv["v"])
     dropped: dict[str, np.ndarray | float] = {name: 1.0 for name in (
         "qkv_input", "input_norm_internals", "k", "ln2_input", "mlp_norm_internals", "mlp_input", "act_out",
-        "attn_proj_dropout_mask", "mlp_dropout_mask") if name in sv}
+        "attn_proj_dropout_mask", "mlp_dropout_mask", "attn_out_fp8") if name in sv}
     if gated:
         dropped["fc1_out"] = 0.5
     return OpSAC(

@@ -551,6 +551,14 @@ class TrainingSpec(Spec):
         "compilation): eight kernels, 4D + 28 bytes an element, and autograd keeps the fp32 copy and the unweighted "
         "output (costmodel.architecture.norm_op)",
     )
+    fp8_saved_inputs: bool = Field(
+        default=True,
+        description="with fp8 or mxfp8 GEMMs, the input a GEMM alone keeps for its weight gradient (norm outputs, "
+        "the SwiGLU output, the permuted expert tokens) is kept as the fp8 copy it computed with, 1 byte an element: "
+        "Transformer Engine 2.x (the quantized input's column-wise data) and torchao's float8 tensorwise linear; "
+        "false: kept in the activation dtype, as a framework that re-quantizes in the backward does "
+        "(costmodel.architecture.fp8_saved_inputs)",
+    )
     sequence_parallel: bool = Field(default=True, description="shard the residual stream over TP (Korthikanti et al. 2022)")
     tp_backward_overlap: bool = Field(
         default=True,

@@ -207,3 +207,52 @@ def test_torchtitan_op_sac_keeps_attention_and_every_other_matmul():
     assert policy.rerun_gemm_share["o_proj"] == 1.0 and policy.rerun_gemm_share["fc1"] == 0.5 and policy.rerun_gemm_share["fc2"] == 0.0
     assert float(policy.rerun_gemm_share["qkv"][0]) == pytest.approx(kv_d / (h + 2 * kv_d))  # wk's columns of the fused wq|wk|wv
     assert set(policy.rerun_ops) == {op.name for op in work.memory_ops}
+
+
+def _fp8(**kw):
+    return TrainingSpec(global_batch_size=8, seq_len=kw.pop("seq_len", 2048), dtypes={"compute": "fp8"}, **kw)
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_fp8_gemms_keep_their_inputs_in_fp8(t):
+    """Transformer Engine 2.x keeps the fp8 copy of a GEMM's input for the weight gradient
+    (module/linear.py, layernorm_linear.py: the quantized input, column-wise usage only). In
+    Korthikanti's GPT layer (section 4.1) the inputs only a GEMM keeps are the QKV input (2sbh),
+    the unfused attention's output before the projection (2sbh), the MLP input (2sbh) and the
+    GeLU output (8sbh): half of each goes, 34sbh -> 27sbh; the score-matrix terms stay. With
+    fp8_saved_inputs off the ledger is the bf16 one."""
+    s, b, h, a = 2048, 1, GPT.hidden_size, GPT.num_heads
+    sh = shard(t=t, b=b)
+    fp8 = arch.layer_work(GPT, _fp8(attention_kernel="unfused"), sh, 2, arch.DENSE)
+    assert float(fp8.saved_bytes[0]) == (27 * s * b * h + 5 * a * s * s * b) / t
+    kept_wide = arch.layer_work(GPT, _fp8(attention_kernel="unfused", fp8_saved_inputs=False), sh, 2, arch.DENSE)
+    assert float(kept_wide.saved_bytes[0]) == (34 * s * b * h + 5 * a * s * s * b) / t
+
+
+def test_fp8_projection_copy_sits_beside_the_flash_output():
+    """A flash kernel keeps its output for its own backward, so the output projection's fp8
+    copy of it is one byte an element more, not one less; the SwiGLU input (fc1's output) stays
+    in bf16 for the activation's backward."""
+    m = MODELS["llama3.1-8b"]
+    s, b, h, ffn = 8192, 1, m.hidden_size, m.ffn_hidden_size
+    sh = shard(b=b, seq=s)
+    bf16 = arch.layer_work(m, TrainingSpec(global_batch_size=8, seq_len=s), sh, 2, arch.DENSE)
+    fp8 = arch.layer_work(m, _fp8(seq_len=s), sh, 2, arch.DENSE)
+    tokens = s * b
+    assert fp8.saved["attn_out"][0] == bf16.saved["attn_out"][0] and fp8.saved["attn_out_fp8"][0] == tokens * h
+    assert fp8.saved["fc1_out"][0] == bf16.saved["fc1_out"][0]
+    # norm outputs (QKV and MLP inputs) and the SwiGLU output halve; the projection's copy comes on top
+    less = tokens * (h + h + ffn) - tokens * h
+    assert float(bf16.saved_bytes[0] - fp8.saved_bytes[0]) == less
+
+
+def test_fp8_expert_gemms_keep_the_permuted_tokens_in_fp8():
+    """Grouped expert GEMMs keep their inputs (the permuted tokens, the SwiGLU output) in fp8;
+    the expert FC1 output (the activation's input) and the expert output (the weighted
+    combine's input) stay in bf16, as does the router's input (the router is no fp8 GEMM)."""
+    m = MODELS["mixtral-8x7b"]
+    sh = shard(e=4, seq=4096)
+    bf16 = arch.layer_work(m, TrainingSpec(global_batch_size=8, seq_len=4096), sh, 2, arch.MOE)
+    fp8 = arch.layer_work(m, _fp8(seq_len=4096), sh, 2, arch.MOE)
+    for name, ratio in (("expert_input", 0.5), ("expert_act_out", 0.5), ("expert_fc1_out", 1.0), ("expert_output", 1.0), ("router_input", 1.0)):
+        assert float(fp8.saved[name][0]) == ratio * float(bf16.saved[name][0]), name
