@@ -177,17 +177,22 @@ def activation_bytes(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cf
 def pipeline_buffer_count(mc: MemoryContext, cfg: ConfigBatch, microbatches, in_flight, first: bool, last) -> np.ndarray:
     """Activation-sized pipeline buffers a rank holds beyond the stage inputs its in-flight
     micro-batches keep as activations (0 without PP). Megatron (per_transfer): a send and a
-    receive in transit, 2. PyTorch's pipelining (per_microbatch): an activation buffer for every
-    micro-batch of each of its stages but the model's first, an output-gradient buffer for every
-    micro-batch of each but the last, allocated once for the run; the activation buffers of
-    the micro-batches in flight are the stage inputs already counted."""
+    receive in transit, 2 (a sent output's storage is freed once sent: deallocate_output_tensor).
+    PyTorch's pipelining (per_microbatch): an activation buffer for every micro-batch of each of
+    its stages but the model's first, an output-gradient buffer for every micro-batch of each but
+    the last, allocated once for the run (the activation buffers of the micro-batches in flight
+    are the stage inputs already counted); and each in-flight micro-batch's stage output, which
+    the stage keeps until that micro-batch's backward (stage.py forward_one_chunk: fwd_cache
+    holds output_tuple; the model's last stage holds at most one, its logits, counted by the
+    loss)."""
     if not mc.buffers_per_microbatch or microbatches is None:
         return (cfg.pp > 1) * 2.0
     chunks = microbatches * cfg.vp
     receiving = chunks - (microbatches if first else 0.0)
     sending = chunks - last * microbatches
     counted = np.minimum(in_flight * receiving / chunks, receiving)
-    return (cfg.pp > 1) * (receiving - counted + sending)
+    outputs = in_flight - last * np.minimum(in_flight, 1.0)
+    return (cfg.pp > 1) * (receiving - counted + sending + outputs)
 
 
 def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: ConfigBatch, x: Derived, mc: MemoryContext, communicators: np.ndarray,

@@ -137,7 +137,9 @@ def test_pytorch_pipelining_holds_a_receive_buffer_per_micro_batch():
     stage but the first allocates an activation buffer for each micro-batch, every stage but the
     last an output-gradient buffer, once for the run (stage.py _setup_forward_recv_info and
     _create_grad_recv_info); the buffers of in-flight micro-batches are the stage inputs the
-    activations already count. Megatron receives into a fresh tensor per transfer: 2 in transit."""
+    activations already count. Each in-flight micro-batch's stage output stays until its backward
+    (fwd_cache), but on the model's last stage (its logits, which the loss counts). Megatron
+    receives into a fresh tensor per transfer and frees what it sent: 2 in transit."""
     import numpy as np
 
     from costmodel.memory import MemoryContext, pipeline_buffer_count
@@ -148,13 +150,15 @@ def test_pytorch_pipelining_holds_a_receive_buffer_per_micro_batch():
     one_f_one_b = ConfigBatch.from_columns(1, pp=4, first_layers=8, last_layers=8)
     m = np.array([8.0])
     count = lambda cfg, in_flight, first, last: float(pipeline_buffer_count(mc(True), cfg, m, np.array([in_flight]), first, np.array([last]))[0])  # noqa: E731
-    assert count(one_f_one_b, 4, True, False) == 8  # the first rank: gradient buffers only
-    assert count(one_f_one_b, 3, False, False) == (8 - 3) + 8  # a middle rank
+    assert count(one_f_one_b, 4, True, False) == 8 + 4  # the first rank: gradient buffers and its outputs
+    assert count(one_f_one_b, 3, False, False) == (8 - 3) + 8 + 3  # a middle rank
     assert count(one_f_one_b, 1, False, True) == 8 - 1  # the last rank: activation buffers only
     interleaved = ConfigBatch.from_columns(1, pp=4, vp=2, first_layers=4, last_layers=4)
     # rank 0 runs the first stage and stage 4 of 8: 8 activation buffers, 16 gradient buffers,
     # its 11 in-flight chunks half of them stage 4's inputs
-    assert count(interleaved, 11, True, False) == (8 - 11 * 8 / 16) + 16
+    assert count(interleaved, 11, True, False) == (8 - 11 * 8 / 16) + 16 + 11
+    # the last rank also runs stage 3 of 8, whose outputs it keeps: all but the one last-stage chunk
+    assert count(interleaved, 5, False, True) == (16 - 5) + 8 + 4
     assert float(pipeline_buffer_count(mc(False), one_f_one_b, m, np.array([3.0]), False, np.array([False]))[0]) == 2.0
     # more micro-batches, more buffers in the whole ledger
     peaks = [float(evaluate(p, ConfigBatch.from_columns(64, pp=4, first_layers=8, last_layers=8, mbs=1)).memory_bytes["comm_buffers"][0])
