@@ -114,6 +114,7 @@ SAVED_TAGS: dict[str, SavedTag] = {
     "q": SavedTag("core_attn", ("mla_up_proj",)),
     "k": SavedTag("core_attn", ("mla_up_proj",)),
     "v": SavedTag("core_attn", ("mla_up_proj",)),
+    "kv_expanded": SavedTag("core_attn", ("core_attn",)),  # repeat_kv's copies (training.kv_heads_expanded)
     "softmax_stats": SavedTag("core_attn", ("core_attn",)),
     "softmax_out": SavedTag("core_attn", ("core_attn",)),
     "attn_dropout_mask": SavedTag("core_attn", ("core_attn",)),
@@ -441,6 +442,12 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     saved["k"] = D * T * kv_t * dqk
     saved["v"] = D * T * kv_t * dv
     ops.append(rotary_op(tr, D, T * (a_t + kv_t) * dqk))  # on q and k
+    kv_read = kv_t  # K/V heads the attention kernel reads (and CP exchanges)
+    if tr.kv_heads_expanded and m.mla is None:
+        # repeat_kv: the kernel keeps the copies for every query head beyond the KV heads
+        kv_read = np.maximum(a_t, kv_t)
+        saved["kv_expanded"] = D * T * (kv_read - kv_t) * (dqk + dv)
+        ops.append(MemoryOp("repeat_kv", D * T * (kv_t + kv_read) * (dqk + dv), ("core_attn",), kernels=2.0))  # read k, v; write the copies
     if m.qk_layernorm:
         ops.append(MemoryOp("qk_norm", 2 * D * T * (a_t + kv_t) * dqk, kernels=2.0))
 
@@ -474,8 +481,8 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     split, replicated = attention_params(m, attention)
     params = split / t + replicated + 2 * h
     tp = [("ag", D * T * h, first_gemm), ("rs", D * T * h, "o_proj")]
-    cp_block = D * T * kv_t * (dqk + dv)  # this rank's K and V, sent around the CP ring
-    cp_a2a = D * T * (a_t * (dqk + dv) + kv_t * (dqk + dv))  # Ulysses: q, k, v in and the output back
+    cp_block = D * T * kv_read * (dqk + dv)  # this rank's K and V, sent around the CP ring
+    cp_a2a = D * T * (a_t * (dqk + dv) + kv_read * (dqk + dv))  # Ulysses: q, k, v in and the output back
     return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a,
                 attention_class="attention")
 
@@ -627,7 +634,7 @@ def op_sac(work: LayerWork) -> OpSAC:
     k_share = sv["k"] / (sv["q"] + sv["k"] + sv["v"])
     dropped: dict[str, np.ndarray | float] = {name: 1.0 for name in (
         "qkv_input", "input_norm_internals", "k", "ln2_input", "mlp_norm_internals", "mlp_input", "act_out",
-        "attn_proj_dropout_mask", "mlp_dropout_mask", "attn_out_fp8") if name in sv}
+        "attn_proj_dropout_mask", "mlp_dropout_mask", "attn_out_fp8", "kv_expanded") if name in sv}
     if gated:
         dropped["fc1_out"] = 0.5
     return OpSAC(

@@ -380,6 +380,7 @@ class LayerCosts:
     comm_buffer_bytes: np.ndarray  # TP/SP, CP and EP buffers a layer allocates while it runs
     mtp_compute: np.ndarray  # one MTP module's projection and head, forward + backward (its layer is a kind)
     mtp_params: np.ndarray  # one MTP module's projection and norms
+    head_output_bytes: np.ndarray  # one micro-batch's logits on this rank (the head's output, vocab-parallel)
 
     def take(self, index) -> "LayerCosts":
         def pick(x):

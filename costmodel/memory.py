@@ -100,6 +100,7 @@ class MemoryContext:
     mofa_eq4: bool
     fragmentation: float
     buffers_per_microbatch: bool = False  # training.pipeline_buffers per_microbatch (torch.distributed.pipelining)
+    last_stage_outputs_kept: bool = False  # and its step() returning the outputs (training.pipeline_return_outputs)
 
 
 def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool, mtp_layers: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -241,6 +242,10 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
     activations, host_activations = activation_bytes(rank, in_flight, lc, cfg, x, mtp_layers)
     transient_excess = np.maximum(0.0, gpu_transient - activations)
     pp_buffers = pipeline_buffer_count(mc, cfg, microbatches, in_flight, rank.first, rank.last) * lc.hop_bytes
+    if mc.last_stage_outputs_kept and microbatches is not None:
+        # the last stage's logits of every micro-batch, kept for step()'s merged return (the one
+        # in flight is the loss's, counted in the activations)
+        pp_buffers = pp_buffers + (cfg.pp > 1) * rank.last * np.maximum(microbatches - 1.0, 0.0) * lc.head_output_bytes
     buffers = pp_buffers + lc.comm_buffer_bytes
     nccl = communicators * mc.nccl_bytes_per_group
     fragmentation = mc.fragmentation * (activations + mc.d_para * gathered + buffers + transient_excess)
@@ -306,4 +311,5 @@ def memory_context(problem) -> MemoryContext:
     context_bytes, nccl_bytes = nccl_and_context(hw)
     return MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
                          hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
-                         tr.allocator_fragmentation, tr.pipeline_buffers == "per_microbatch")
+                         tr.allocator_fragmentation, tr.pipeline_buffers == "per_microbatch",
+                         tr.pipeline_buffers == "per_microbatch" and tr.pipeline_return_outputs)

@@ -551,6 +551,14 @@ class TrainingSpec(Spec):
         "compilation): eight kernels, 4D + 28 bytes an element, and autograd keeps the fp32 copy and the unweighted "
         "output (costmodel.architecture.norm_op)",
     )
+    kv_heads_expanded: bool = Field(
+        default=False,
+        description="grouped-query attention whose model code repeats K and V to every query head before the "
+        "attention kernel (repeat_kv then F.scaled_dot_product_attention: torchtitan's Llama, Hugging Face's eager "
+        "attention): the copies are written every forward, the kernel keeps them for its backward, and context "
+        "parallelism exchanges them; false: the kernel reads the KV heads (Transformer Engine, Megatron-Core, "
+        "flash-attn's GQA)",
+    )
     fp8_saved_inputs: bool = Field(
         default=True,
         description="with fp8 or mxfp8 GEMMs, the input a GEMM alone keeps for its weight gradient (norm outputs, "
@@ -588,6 +596,13 @@ class TrainingSpec(Spec):
         "pipelining (torchtitan) allocates, once for the run, an activation buffer for every micro-batch of every "
         "stage that receives one and an output-gradient buffer for every micro-batch of every stage that sends "
         "(stage.py _setup_forward_recv_info, _create_grad_recv_info): memory grows with the micro-batch count",
+    )
+    pipeline_return_outputs: bool = Field(
+        default=True,
+        description="per_microbatch pipelines: PyTorch's schedule step() returns the last stage's outputs merged "
+        "(return_outputs=True, its default; schedules.py: the stage appends each micro-batch's output, the logits, "
+        "to output_chunks), so the model's last stage keeps every micro-batch's logits until the step ends; false: "
+        "step(return_outputs=False)",
     )
     optimizer_memory: Literal["megatron", "mofa_eq4"] = Field(
         default="megatron",
@@ -1093,10 +1108,12 @@ class Problem(Spec):
         """A problem searched for torchtitan runs TP the way its exporter launches it, unless
         training says: overlapped by PyTorch's async TP (--compile.enable-async-tensor-parallel)
         where tp_overlap is on, else DTensor's synchronous collectives; its pipeline is PyTorch's,
-        with a receive buffer per micro-batch."""
+        with a receive buffer per micro-batch; its Llama repeats K/V to every query head
+        (torchtitan models/llama3 Attention.forward: repeat_kv before the attention call)."""
         if self.search.framework == "torchtitan":
             given = self.training.model_fields_set
-            update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False), ("pipeline_buffers", "per_microbatch"))
+            update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False), ("pipeline_buffers", "per_microbatch"),
+                                        ("kv_heads_expanded", True))
                       if k not in given}
             object.__setattr__(self, "training", self.training.model_copy(update=update))
             if "recompute_modules" not in self.search.model_fields_set:  # its selective AC is the per-op policy

@@ -256,3 +256,23 @@ def test_fp8_expert_gemms_keep_the_permuted_tokens_in_fp8():
     fp8 = arch.layer_work(m, _fp8(seq_len=4096), sh, 2, arch.MOE)
     for name, ratio in (("expert_input", 0.5), ("expert_act_out", 0.5), ("expert_fc1_out", 1.0), ("expert_output", 1.0), ("router_input", 1.0)):
         assert float(fp8.saved[name][0]) == ratio * float(bf16.saved[name][0]), name
+
+
+def test_expanded_kv_heads_are_kept_and_exchanged():
+    """torchtitan's Llama repeats K and V to every query head before SDPA (repeat_kv): the
+    kernel keeps the copies for its backward and context parallelism exchanges them, 32 heads
+    of Llama 3.1 8B's K/V where the kernel that reads the 8 KV heads (Megatron, Transformer
+    Engine) keeps and sends 8. Per-op checkpointing re-makes the copies (repeat_kv is no saved op)."""
+    from costmodel.configs import RECOMPUTE_MODULE_BITS, ConfigBatch
+    from costmodel.layer import kept_bytes
+
+    m = MODELS["llama3.1-8b"]
+    s, h, d = 8192, m.hidden_size, m.dim_per_head
+    sh = shard(c=2, seq=s)
+    plain = arch.dense_layer(m, TrainingSpec(global_batch_size=8, seq_len=s), sh, D=2)
+    expanded = arch.dense_layer(m, TrainingSpec(global_batch_size=8, seq_len=s, kv_heads_expanded=True), sh, D=2)
+    tokens = s / 2
+    assert float(expanded.saved["kv_expanded"][0]) == 2 * tokens * (m.num_heads - m.kv_heads) * 2 * d
+    assert float(expanded.cp_bytes[0]) == 2 * tokens * m.num_heads * 2 * d == 4 * float(plain.cp_bytes[0])
+    cfg = ConfigBatch.from_columns(8, recompute=1, recompute_modules=RECOMPUTE_MODULE_BITS["ops"], first_layers=32, last_layers=32)
+    assert float(kept_bytes(expanded, cfg)[0]) == float(kept_bytes(plain, cfg)[0])

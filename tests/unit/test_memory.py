@@ -165,3 +165,31 @@ def test_pytorch_pipelining_holds_a_receive_buffer_per_micro_batch():
              for p in (load_problem(str(PROBLEMS / "frameworks" / "llama31_8b_64xh100.yaml"), ["training.pipeline_buffers=per_microbatch", f"training.global_batch_size={g}"])
                        for g in (128, 256))]
     assert peaks[1] > peaks[0]
+
+
+def test_pytorch_pipelining_last_stage_keeps_every_micro_batchs_logits():
+    """PyTorch's schedule step() returns the last stage's outputs merged (return_outputs=True,
+    its default): the stage appends every micro-batch's output -- the vocab-parallel logits -- to
+    output_chunks, kept until the step ends; the one in flight is the loss's. The last rank holds
+    (m - 1) micro-batches' logits more than with step(return_outputs=False); no other rank does."""
+    import numpy as np
+
+    from costmodel.evaluate import layer_costs
+    from costmodel.memory import memory_context, rank_memory
+    from costmodel.pipeline import RankLayers
+
+    path = str(PROBLEMS / "frameworks" / "llama31_8b_64xh100.yaml")
+    cfg = ConfigBatch.from_columns(64, pp=4, tp=2, first_layers=8, last_layers=8, mbs=1)
+    m = 16.0
+
+    def comm(return_outputs, last):
+        p = load_problem(path, ["training.pipeline_buffers=per_microbatch", f"training.pipeline_return_outputs={str(return_outputs).lower()}"])
+        lc = layer_costs(p, cfg)
+        rank = RankLayers([np.array([8.0])], False, np.array([last]))
+        return float(rank_memory(rank, np.array([1.0]), lc, cfg, cfg.derived(), memory_context(p), np.array([3.0]), 0, np.array([m])).comm_buffers[0]), p
+
+    kept, p = comm(True, True)
+    dropped, _ = comm(False, True)
+    logits = 2 * p.training.seq_len * p.model.vocab_size / 2  # bf16, one sequence, vocab split over tp 2
+    assert kept - dropped == pytest.approx((m - 1) * logits)
+    assert comm(True, False)[0] == comm(False, False)[0]
