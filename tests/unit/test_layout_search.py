@@ -630,3 +630,35 @@ def test_recompute_split_bound_holds_for_every_layout(tmp_path, recompute_layout
         if memory_mib == 200000 and goal < slowest[2]:
             assert bound == pytest.approx(best, rel=1e-6)
     assert score_layout(ctx, slowest[0]).fits
+
+
+# --- a seed where no given layout fits (round_seed) ---------------------------------------------
+
+
+@pytest.mark.parametrize("pp,vp", [(4, 2), (2, 2)])
+def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
+    """At a capacity between the least peak of any layout and the even split's peak, round_seed
+    returns a layout that passes the linear memory test and the exact model's, the same one on
+    every call (one worker, a deterministic time limit), and the free search that starts from
+    it returns a layout that fits; below the least peak it returns None."""
+    import numpy as np
+
+    from costmodel.stage_layout import balanced_layout, score_layout
+    from costmodel.units import MIB
+    from optimizer.layout_search import LinearLayouts, round_seed
+
+    roomy = dense_context(tmp_path, pp, vp, 9)
+    peaks = [float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy)]
+    even = balanced_layout(9, 0, pp, vp)
+    even_peak = float(score_layout(roomy, even).peak_bytes.max())
+    assert min(peaks) < even_peak
+    ctx = dense_context(tmp_path, pp, vp, 9, int((min(peaks) + even_peak) / 2 / MIB))
+    assert not score_layout(ctx, even).fits
+    lin = LinearLayouts(ctx)
+    seed = round_seed(ctx, lin, 1.0)
+    assert seed is not None and seed == round_seed(ctx, lin, 1.0)
+    assert lin.fits(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None]))[0]
+    assert score_layout(ctx, seed).fits
+    assert solve_layout(ctx, time_limit_s=2.0, seeds=(even,)).fits
+    tight = dense_context(tmp_path, pp, vp, 9, int(min(peaks) / MIB) - 64)
+    assert round_seed(tight, LinearLayouts(tight), 1.0) is None
