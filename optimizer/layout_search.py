@@ -677,7 +677,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     neighbours, which are tight around it; default min(1000, 32768 / stages), about 32k cut
     terms: on DeepSeek-V3 32 -> 1000 takes its free-layout certification from ~20 s to ~8 s,
     where Llama 3 405B's 128 stages make each path four times the terms); memory rows come in
-    as answers break them.
+    as answers break them. Where no seed fits (one kind of decoder layer, not uniform_recompute),
+    two of round_seed's answers join the seeds and the local search runs from each.
     Free layouts with an incumbent, one kind of decoder layer: first the integer consequences
     of beating the incumbent (rank_order_region: each rank's least and most layers, stage 0's
     most, from the ranks' busy time and the order their first layers come in) and the LP
