@@ -786,6 +786,7 @@ class EdgeWork:
     head_gemm: Gemm
     head_memory_bytes: np.ndarray  # final norm + cross-entropy passes over the logits
     head_saved: np.ndarray  # final-norm input and output + the loss at its peak (fp32 softmax; eager: edges())
+    head_output_bytes: np.ndarray  # one micro-batch's logits on this rank (vocab-parallel), as the head writes them
     head_tp_bytes: np.ndarray  # all-gather of the final hidden states before the head
 
 
@@ -818,5 +819,6 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
         head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits + head_cast,
         # held for the loss: the final-norm input and output, and the loss's peak (above)
         head_saved=D * Tsp * h + D * Tsp * h + loss_bytes * logits,
+        head_output_bytes=D * logits,
         head_tp_bytes=np.where(t > 1, D * T * h, 0.0),
     )

@@ -207,7 +207,7 @@ def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Lay
         comm_buffer_bytes=np.maximum.reduce([layer_buffers(work, cfg, shard, d_act, h, staging) for work in works]),
         mtp_compute=mtp_compute if m.mtp_layers else 0.0 * emb_f,
         mtp_params=(2 * h * h / shard.t + 2 * h) + 0.0 * emb_f,
-        head_output_bytes=d_act * edge.head_gemm.m * edge.head_gemm.n + 0.0 * emb_f,
+        head_output_bytes=edge.head_output_bytes + 0.0 * emb_f,
     )
 
 
