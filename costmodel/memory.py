@@ -101,6 +101,7 @@ class MemoryContext:
     fragmentation: float
     buffers_per_microbatch: bool = False  # training.pipeline_buffers per_microbatch (torch.distributed.pipelining)
     last_stage_outputs_kept: bool = False  # and its step() returning the outputs (training.pipeline_return_outputs)
+    grads_freed_between_steps: bool = False  # training.grads_freed_between_steps (FSDP2's zero_grad set_to_none)
 
 
 def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool, mtp_layers: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -226,7 +227,13 @@ def rank_memory(rank: RankLayers, in_flight: np.ndarray, lc: LayerCosts, cfg: Co
         spans_step = (cfg.pp > 1) & (cfg.vp == 1) & ~vee
         stages_alive = np.where(cfg.pp_schedule == PP_SCHEDULE_CODES["afab"], 1.0, 2.0)
         window = np.where(cfg.pp == 1, np.minimum(2.0 * layer_params, params), np.where(spans_step, params, np.minimum(stages_alive / cfg.vp, 1.0) * params))
-        grads = blend(x.shard_grads, sharded + window, params)
+        held = sharded  # the sharded gradients at the activation peak
+        if mc.grads_freed_between_steps and microbatches is not None:
+            # freed by zero_grad before the step, remade by the reduce-scatters: under a pipeline
+            # the micro-batches accumulate unsharded without sync until the stage's last backward,
+            # and a single micro-batch peaks as its backward starts, before the first reduce-scatter
+            held = np.where((cfg.pp > 1) | (microbatches <= 1), 0.0, sharded)
+        grads = blend(x.shard_grads, held + window, params)
 
     # --- optimizer states (eqs. 4, 25, 27) and the step's transient copy ----------------------
     opt_params = blend(x.shard_states, sharded, params)  # ZeRO-1 and up
@@ -312,4 +319,4 @@ def memory_context(problem) -> MemoryContext:
     return MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
                          hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
                          tr.allocator_fragmentation, tr.pipeline_buffers == "per_microbatch",
-                         tr.pipeline_buffers == "per_microbatch" and tr.pipeline_return_outputs)
+                         tr.pipeline_buffers == "per_microbatch" and tr.pipeline_return_outputs, tr.grads_freed_between_steps)

@@ -604,6 +604,15 @@ class TrainingSpec(Spec):
         "to output_chunks), so the model's last stage keeps every micro-batch's logits until the step ends; false: "
         "step(return_outputs=False)",
     )
+    grads_freed_between_steps: bool = Field(
+        default=False,
+        description="ZeRO-2/3: the optimizer's zero_grad frees the sharded gradients before each step (PyTorch's "
+        "set_to_none=True under FSDP2, torchtitan), so they exist only from the first reduce-scatter on: not at the "
+        "activation peak of a step with one micro-batch and no pipeline, nor under a pipeline, whose micro-batches "
+        "accumulate unsharded gradients without sync until the stage's last backward (torch.distributed.pipelining "
+        "stage.py backward_maybe_with_nosync: set_requires_gradient_sync(False)); false: a sharded gradient buffer "
+        "kept for the run (DeepSpeed ZeRO-3's flat gradient partition, Megatron-FSDP's main_grad buffer)",
+    )
     optimizer_memory: Literal["megatron", "mofa_eq4"] = Field(
         default="megatron",
         description="megatron: 3*D_opt states + a D_opt gradient copy at the step; mofa_eq4: 4*D_opt held throughout",
@@ -1109,11 +1118,12 @@ class Problem(Spec):
         training says: overlapped by PyTorch's async TP (--compile.enable-async-tensor-parallel)
         where tp_overlap is on, else DTensor's synchronous collectives; its pipeline is PyTorch's,
         with a receive buffer per micro-batch; its Llama repeats K/V to every query head
-        (torchtitan models/llama3 Attention.forward: repeat_kv before the attention call)."""
+        (torchtitan models/llama3 Attention.forward: repeat_kv before the attention call); its
+        optimizers' zero_grad frees the sharded gradients (set_to_none)."""
         if self.search.framework == "torchtitan":
             given = self.training.model_fields_set
             update = {k: v for k, v in (("tp_overlap_impl", "symmetric_memory"), ("tp_backward_overlap", False), ("pipeline_buffers", "per_microbatch"),
-                                        ("kv_heads_expanded", True))
+                                        ("kv_heads_expanded", True), ("grads_freed_between_steps", True))
                       if k not in given}
             object.__setattr__(self, "training", self.training.model_copy(update=update))
             if "recompute_modules" not in self.search.model_fields_set:  # its selective AC is the per-op policy

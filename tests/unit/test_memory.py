@@ -193,3 +193,33 @@ def test_pytorch_pipelining_last_stage_keeps_every_micro_batchs_logits():
     logits = 2 * p.training.seq_len * p.model.vocab_size / 2  # bf16, one sequence, vocab split over tp 2
     assert kept - dropped == pytest.approx((m - 1) * logits)
     assert comm(True, False)[0] == comm(False, False)[0]
+
+
+def test_sharded_gradients_freed_by_zero_grad_are_absent_at_the_peak_of_a_pipeline_or_one_micro_batch():
+    """training.grads_freed_between_steps (FSDP2 under torchtitan: optimizers.zero_grad() with
+    set_to_none): the sharded gradients exist only from a step's first reduce-scatter on. Under a
+    pipeline the stage accumulates unsharded gradients without sync until its last backward, and a
+    single micro-batch without a pipeline peaks as its backward starts, so neither holds them at the
+    peak; with several micro-batches and no pipeline each micro-batch reduce-scatters and the
+    sharded gradients accumulate (they stay). A run that keeps a sharded gradient buffer (false)
+    holds them throughout."""
+    problem = load_problem(str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml"))
+    common = dict(tp=1, mbs=2, zero_stage=3, reshard_after_forward=1, activation_offload=1, dp_overlap=1)
+
+    def grads_gb(freed, gbs, **config):
+        p = load_problem(str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml"), [f"training.grads_freed_between_steps={str(freed).lower()}",
+                                                                                f"training.global_batch_size={gbs}"])
+        ev = evaluate(p, ConfigBatch.from_columns(128, **common, **config))
+        return float(ev.memory_bytes["grads"][0]), float(ev.memory_bytes["params"][0])
+
+    piped = dict(pp=2, first_layers=40, last_layers=40)
+    kept, params = grads_gb(False, 128, **piped)
+    freed, _ = grads_gb(True, 128, **piped)
+    sharded = 2 * params  # fp32 gradients of the bf16 shard the ledger's params line holds
+    assert kept - freed == pytest.approx(sharded, rel=1e-9)
+    flat = dict(pp=1, first_layers=80, last_layers=80)
+    one_kept, params = grads_gb(False, 256, **flat)  # dp 128 x mbs 2: one micro-batch
+    one_freed, _ = grads_gb(True, 256, **flat)
+    assert one_kept - one_freed == pytest.approx(2 * params, rel=1e-9)
+    assert grads_gb(True, 512, **flat)[0] == grads_gb(False, 512, **flat)[0]  # two micro-batches: accumulated sharded
+    assert problem.training.grads_freed_between_steps is False
