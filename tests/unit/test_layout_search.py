@@ -662,3 +662,96 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     assert solve_layout(ctx, time_limit_s=2.0, seeds=(even,)).fits
     tight = dense_context(tmp_path, pp, vp, 9, int(min(peaks) / MIB) - 64)
     assert round_seed(tight, LinearLayouts(tight), 1.0) is None
+
+
+# --- the fewest recomputed layers a rank needs at each layer total (least_recompute) ----------
+# The 7-layer Llama 3.1 8B at 32K tokens on pp 2 x vp 2 with full recompute per stage: at 12000
+# MiB and below a rank holding many layers must recompute some of them.
+
+def dense_recompute_context(tmp_path, memory_mib):
+    path = tmp_path / "tiny_dense_recompute.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "7").replace("seq_len: 4096", "seq_len: 32768"))
+    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=1, last_layers=1, zero_stage=1,
+                                   recompute=2, recompute_method=1, recompute_layers=1)
+    return layout_context(problem, cfg)
+
+
+@pytest.fixture(scope="module")
+def dense_recompute_layouts(tmp_path_factory):
+    """Every layout and recompute vector of the dense pp 2 x vp 2 instance (3432), with its
+    decoder and recompute counts and its simulated makespan, scored at a roomy capacity."""
+    ctx = dense_recompute_context(tmp_path_factory.mktemp("drc"), 200000)
+    return [(layout, s.peak_bytes, s.pipeline_s - s.pp_exposed_s) for layout, s in enumerate_layouts(ctx)]
+
+
+@pytest.mark.parametrize("memory_mib", [12000, 10000, 8000])
+def test_least_recompute_is_each_ranks_fewest(tmp_path, dense_recompute_layouts, memory_mib):
+    """least_recompute's table is, per rank and layer total, the fewest layers recomputed by
+    any chunk split and recompute vector of that rank that passes its linear memory rows
+    (brute force over the rank's own choices), never more than what a layout that fits (the
+    exact model, every layout enumerated) recomputes on that rank, and non-decreasing; it ends
+    where no recompute fits the total."""
+    import itertools
+
+    import numpy as np
+
+    from optimizer.layout_search import LinearLayouts, least_recompute
+
+    ctx = dense_recompute_context(tmp_path, memory_mib)
+    lin = LinearLayouts(ctx)
+    pp, vp, n = ctx.pp, ctx.vp, len(ctx.kind_of_layer)
+    capacity = ctx.problem.hardware.memory_bytes
+    for r in range(pp):
+        table = least_recompute(ctx, lin, r, n)
+        assert all(a <= b for a, b in zip(table, table[1:]))
+        for total in range(n + 1):
+            fewest = None
+            for split in itertools.product(range(total + 1), repeat=vp):
+                if sum(split) != total:
+                    continue
+                for rec in itertools.product(*(range(c + 1) for c in split)):
+                    decoders, recompute = np.zeros(pp * vp, dtype=int), np.zeros(pp * vp, dtype=int)
+                    decoders[r::pp], recompute[r::pp] = split, rec
+                    counts, recomputed = lin.layout_counts(np.concatenate([decoders, recompute])[None])
+                    if lin.rank_rows(counts, recomputed)[r][0].max() <= capacity and (fewest is None or sum(rec) < fewest):
+                        fewest = sum(rec)
+            if fewest is None:
+                assert total >= len(table)
+            else:
+                assert table[total] == fewest
+        for layout, peak, _ in dense_recompute_layouts:
+            if peak.max() <= capacity:
+                total = sum(layout.decoders[r::pp])
+                assert total < len(table) and sum(layout.recompute[r::pp]) >= table[total]
+
+
+@pytest.mark.parametrize("memory_mib", [12000, 10000, 8000])
+def test_recompute_search_with_rank_tables_matches_enumeration(tmp_path, dense_recompute_layouts, memory_mib):
+    """One kind of layer with per-stage recompute, where the search adds least_recompute's tables
+    (element constraints and their convex envelopes) to CP-SAT and to the rank region: free and
+    regular searches certify enumeration's least simulated makespan, and their bounds hold."""
+    ctx = dense_recompute_context(tmp_path, memory_mib)
+    capacity = ctx.problem.hardware.memory_bytes
+    fits = [(layout, makespan) for layout, peak, makespan in dense_recompute_layouts if peak.max() <= capacity]
+    best = min(makespan for _, makespan in fits)
+    best_regular = min(makespan for layout, makespan in fits if regular(layout, 1))
+    for spread, target in ((None, best), (1, best_regular)):
+        solution = solve_layout(ctx, time_limit_s=20, chunk_spread=spread)
+        assert solution.optimal and solution.fits
+        assert solution.makespan_s == pytest.approx(target, rel=1e-6)
+        assert solution.lower_bound_s <= target * (1 + 1e-9)
+
+
+def test_lower_envelope_lies_under_every_point():
+    """The convex envelope's segments: consecutive hull points, every value on or above each
+    segment's line, and the hull's corners among the values."""
+    from optimizer.layout_search import lower_envelope
+
+    values = (0, 0, 0, 1, 2, 4, 5, 6, 9)
+    segments = lower_envelope(values)
+    assert segments[0][0] == (0, 0) and segments[-1][1] == (8, 9)
+    for (x1, y1), (x2, y2) in segments:
+        assert x1 < x2 and values[x1] == y1 and values[x2] == y2
+        assert all((x2 - x1) * y >= (y2 - y1) * x + (y1 * x2 - y2 * x1) for x, y in enumerate(values))
+    assert [a for a, _ in segments] == [(0, 0), (2, 0), (4, 2), (7, 6)]
