@@ -730,7 +730,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
                  scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75,
-                 split_fraction: float | None = None, rank_tables: bool = True) -> LayoutSolution:
+                 split_fraction: float | None = None, rank_tables: bool = True, table_cache: dict | None = None) -> LayoutSolution:
     """The layout minimising the exact step time of `ctx`'s skeleton under every rank's memory
     (MTP modules on the last stage; `min_layers`: the least decoder layers per stage).
 
@@ -775,7 +775,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     rank recomputes a layer of kind k). uniform_recompute: r_s = min(N, t_s) for one integer N,
     Megatron's one --recompute-num-layers (the exportable answer). With one kind of decoder
     layer (rank_tables), each rank's fewest recomputed layers at each of its layer totals
-    (least_recompute, ~0.5 s for Llama 3 405B's 16 ranks) join the model as element constraints
+    (least_recompute, ~0.5 s for Llama 3 405B's 16 ranks; `table_cache`: shared by calls on the
+    same skeleton, two_phase) join the model as element constraints
     with their convex envelopes, and the rank region as recompute its work must include: the
     memory rows alone let the LP recompute a fraction of a layer where the rank must recompute
     one or two (Llama 3 405B cp 1, regular layouts: 5.9% -> 2.7% in 10 s).
@@ -912,7 +913,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     kinds_used = sorted(set(kind_of_run))
     tables = None
     if recompute and rank_tables and len(runs) == 1:
-        tables = [least_recompute(ctx, lin, r, n_layers if max_layers is None else min(n_layers, vp * max_layers)) for r in range(pp)]
+        most = n_layers if max_layers is None else min(n_layers, vp * max_layers)
+        table_cache = {} if table_cache is None else table_cache
+        if most not in table_cache:
+            table_cache[most] = [least_recompute(ctx, lin, r, most) for r in range(pp)]
+        tables = table_cache[most]
     for r in range(pp):
         mine = range(r, stages, pp)
         total = {k: model.NewIntVar(0, n_layers, f"L{r}_{k}") for k in kinds_used}
@@ -1140,6 +1145,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     bound, rounds, proven, stalled = 0.0, 0, False, False
     z_domain = model.Proto().variables[z.Index()].domain
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
+    if best is not None and best.any_recompute:
+        # the region's LP leaves recompute out, so it cannot reach an incumbent that pays for
+        # some: the region's integer rows for CP-SAT, and the time to its rounds (Llama 3 405B
+        # cp 1, per-chunk recompute, free phase of two_phase: 11.5% -> 6.3-6.6%)
+        region_fraction = min(region_fraction, 0.3)
     region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
     if refine and best is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
         # Free layouts, with an incumbent: the integer consequences of beating it (rank
@@ -2035,7 +2045,8 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     answer, with what is left and never less than `free_floor` of the limit (so a regular phase
     that overruns its share, CP-SAT presolve included, cannot leave the free phase nothing:
     the free search's bound is the one reported, and it needs CP-SAT rounds of its own). The
-    seeds' scores are shared by both phases (the exact model simulates each seed once).
+    seeds' scores and the ranks' recompute tables are shared by both phases (the exact model
+    simulates each seed once).
     Returns (the regular search's answer, None where no regular layout fits; the free
     search's), the free one never worse; its bound is the one that holds for every layout
     (a bound of the regular phase holds among regular layouts only, so it is not carried
@@ -2045,15 +2056,17 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
     scores: dict = {}
     paths: set = set()  # the regular phase's critical paths: cuts that hold for free layouts too
+    tables: dict = {}  # each rank's least recompute per layer total, the same for both phases
     first = None
     try:
-        first = solve_layout(ctx, regular_share * time_limit_s, workers, seeds=regular_seeds, chunk_spread=1, scores=scores, paths=paths)
+        first = solve_layout(ctx, regular_share * time_limit_s, workers, seeds=regular_seeds, chunk_spread=1, scores=scores, paths=paths,
+                             table_cache=tables)
     except LayoutError:
         pass  # no regular layout fits: the free search alone
     more = (first.layout,) if first is not None else ()
     # what the regular search left (it stops early once certified) goes to the free search
     left = max(time_limit_s - (time.perf_counter() - start), free_floor * time_limit_s)
-    second = solve_layout(ctx, left, workers, seeds=seeds + more, scores=scores, paths=paths)
+    second = solve_layout(ctx, left, workers, seeds=seeds + more, scores=scores, paths=paths, table_cache=tables)
     return first, second
 
 
