@@ -755,3 +755,23 @@ def test_lower_envelope_lies_under_every_point():
         assert x1 < x2 and values[x1] == y1 and values[x2] == y2
         assert all((x2 - x1) * y >= (y2 - y1) * x + (y1 * x2 - y2 * x1) for x, y in enumerate(values))
     assert [a for a, _ in segments] == [(0, 0), (2, 0), (4, 2), (7, 6)]
+
+
+def test_packed_seeds_hold_every_layer_in_each_ranks_last_chunks(tmp_path):
+    """packed_seeds: for k = 1 .. vp, every layer in the last k chunks of the ranks, spread by
+    count (within one layer), each stage recomputing min(N, its layers) for each N."""
+    from optimizer.layout_search import packed_seeds
+
+    ctx = dense_recompute_context(tmp_path, 200000)
+    n, pp, vp = len(ctx.kind_of_layer), ctx.pp, ctx.vp
+    seeds = packed_seeds(ctx, (1, 2))
+    assert len(seeds) == len(set(seeds)) and {tuple(min(2, d) for d in s.decoders) for s in seeds} <= {s.recompute for s in seeds}
+    for seed in seeds:
+        sizes = seed.decoders
+        assert sum(sizes) == n and seed.mtp == (0,) * (pp * vp - 1) + (ctx.problem.model.mtp_layers,)
+        level = max(seed.recompute)
+        assert seed.recompute == tuple(min(level, d) for d in sizes)
+        # some k: the first vp - k chunks empty, the last k even by count, the extra layers first
+        assert any(not any(sizes[:(vp - k) * pp]) and max(sizes[(vp - k) * pp:]) - min(sizes[(vp - k) * pp:]) <= 1
+                   and list(sizes[(vp - k) * pp:]) == sorted(sizes[(vp - k) * pp:], reverse=True) for k in range(1, vp + 1))
+    assert {sum(1 for d in seed.decoders if d) for seed in seeds} == {pp * k for k in range(1, vp + 1)}
