@@ -445,8 +445,9 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
     working set once it recomputes anything). One kind of decoder layer; a small CP-SAT per L,
     its coefficients rounded so that it relaxes the rows (activations down, what recompute
     saves up, the room up), so every layout that fits recomputes at least this many layers on
-    the rank. Non-decreasing in L: a layout with one layer fewer (a kept one, else a recomputed
-    one) still fits."""
+    the rank. Non-decreasing in L, and so is fitting at all (the first L that fits no more ends
+    the table): a layout with one layer fewer (a kept one, else a recomputed one, which keeps
+    its input, over a KiB) still fits."""
     assert len(lin.runs) == 1
     u, vp = lin.u, ctx.vp
     base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
@@ -469,8 +470,6 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
             model.Add(rc[c] <= t[c])
         any_ = model.NewBoolVar("")
         model.Add(sum(rc) <= n * any_)
-        if out:
-            model.Add(sum(rc) >= out[-1])  # non-decreasing (above)
         for h in held:
             const = head + float(h[-1]) * mtp_act
             model.Add(sum(int(h[c]) * (act * t[c] - dropped * rc[c]) for c in range(vp) if h[c]) + working * any_
@@ -483,7 +482,7 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
         if status == cp_model.INFEASIBLE:
             break
         # unproven in its budget: its bound still holds
-        out.append(int(round(solver.ObjectiveValue())) if status == cp_model.OPTIMAL else max(int(math.ceil(solver.BestObjectiveBound() - 1e-6)), out[-1] if out else 0))
+        out.append(int(round(solver.ObjectiveValue())) if status == cp_model.OPTIMAL else max(int(math.ceil(solver.BestObjectiveBound() - 1e-6)), 0))
     return tuple(out)
 
 
@@ -963,9 +962,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 # layout must recompute one or two
                 table = tables[r]
                 k = kinds_used[0]
-                model.Add(total[k] <= len(table) - 1)
-                least = model.NewIntVar(0, max(table), f"least{r}")
-                model.AddElement(total[k], list(table), least)
+                model.Add(total[k] <= len(table) - 1)  # an empty table: the rank fits no layer count
+                least = model.NewIntVar(0, max(table, default=0), f"least{r}")
+                model.AddElement(total[k], list(table) or [0], least)
                 model.Add(again >= least)
                 for (n1, f1), (n2, f2) in lower_envelope(table):
                     model.Add((n2 - n1) * again >= (f2 - f1) * total[k] + (f1 * n2 - f2 * n1))
@@ -1759,8 +1758,8 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         work.append(sum(per_layer[k] * layers[r, k] for k in kinds) + int(const[r::pp].sum()))
         if tables is not None and rec > 0:
             model.Add(total[r] <= len(tables[r]) - 1)
-            least = model.NewIntVar(0, max(tables[r]), f"least{r}")
-            model.AddElement(total[r], list(tables[r]), least)
+            least = model.NewIntVar(0, max(tables[r], default=0), f"least{r}")
+            model.AddElement(total[r], list(tables[r]) or [0], least)
             work[r] = work[r] + rec * least
         model.Add(m * work[r] <= z)
     first = model.NewIntVar(0, n, "t0")  # decoder layers on stage 0
@@ -1805,7 +1804,7 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         busy = (goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n
         if tables is not None:  # nor more than the recompute its memory forces lets it hold
             busy = min(busy, len(tables[r]) - 1)
-            while busy > 0 and m * (delta * busy + rec * tables[r][busy] + int(const[r::pp].sum())) > goal:
+            while busy > 0 and m * (delta * busy + rec * tables[r][busy] + int(const[r::pp].sum())) > goal:  # work grows with the total
                 busy -= 1
         high.append(int(max(min(busy, n - (sum(low) - low[r]), n), low[r])))
     return RankRegion(tuple(low), tuple(high), min(stage0_high, n))
