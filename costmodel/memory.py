@@ -102,6 +102,7 @@ class MemoryContext:
     buffers_per_microbatch: bool = False  # training.pipeline_buffers per_microbatch (torch.distributed.pipelining)
     last_stage_outputs_kept: bool = False  # and its step() returning the outputs (training.pipeline_return_outputs)
     grads_freed_between_steps: bool = False  # training.grads_freed_between_steps (FSDP2's zero_grad set_to_none)
+    every_stage_outputs_kept: bool = False  # training.pipeline_every_stage_outputs (torch <= 2.6 output_chunks)
 
 
 def rank_params(rank: RankLayers, lc: LayerCosts, tied_embeddings: bool, mtp_layers: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -186,14 +187,16 @@ def pipeline_buffer_count(mc: MemoryContext, cfg: ConfigBatch, microbatches, in_
     are the stage inputs already counted); and each in-flight micro-batch's stage output, which
     the stage keeps until that micro-batch's backward (stage.py forward_one_chunk: fwd_cache
     holds output_tuple; the model's last stage holds at most one, its logits, counted by the
-    loss)."""
+    loss); where every stage keeps its outputs to the end of the step (torch <= 2.6's
+    output_chunks), every chunk's of the step: the stash stays full through the steady state
+    while each forward adds an output, so the peak comes at the last forward."""
     if not mc.buffers_per_microbatch or microbatches is None:
         return (cfg.pp > 1) * 2.0
     chunks = microbatches * cfg.vp
     receiving = chunks - (microbatches if first else 0.0)
     sending = chunks - last * microbatches
     counted = np.minimum(in_flight * receiving / chunks, receiving)
-    outputs = in_flight - last * np.minimum(in_flight, 1.0)
+    outputs = chunks - last * microbatches if mc.every_stage_outputs_kept else in_flight - last * np.minimum(in_flight, 1.0)
     return (cfg.pp > 1) * (receiving - counted + sending + outputs)
 
 
@@ -319,4 +322,5 @@ def memory_context(problem) -> MemoryContext:
     return MemoryContext(tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"), context_bytes, nccl_bytes,
                          hw.host_memory_gb_per_node * GB / cl.gpus_per_node, m.tied_embeddings, tr.optimizer_memory == "mofa_eq4",
                          tr.allocator_fragmentation, tr.pipeline_buffers == "per_microbatch",
-                         tr.pipeline_buffers == "per_microbatch" and tr.pipeline_return_outputs, tr.grads_freed_between_steps)
+                         tr.pipeline_buffers == "per_microbatch" and tr.pipeline_return_outputs, tr.grads_freed_between_steps,
+                         tr.pipeline_buffers == "per_microbatch" and tr.pipeline_every_stage_outputs)

@@ -604,6 +604,13 @@ class TrainingSpec(Spec):
         "to output_chunks), so the model's last stage keeps every micro-batch's logits until the step ends; false: "
         "step(return_outputs=False)",
     )
+    pipeline_every_stage_outputs: bool = Field(
+        default=False,
+        description="per_microbatch pipelines: every stage, not only the model's last, appends each micro-batch's "
+        "output to output_chunks and keeps it until the next step (torch.distributed.pipelining stage.py "
+        "forward_one_chunk in the 2.5.1 and 2.6.0 releases; 2.13 keeps the last stage's only), so a stage holds all "
+        "m x vp of its chunk outputs by the end of its last forward, not only those in flight",
+    )
     grads_freed_between_steps: bool = Field(
         default=False,
         description="ZeRO-2/3: the optimizer's zero_grad frees the sharded gradients before each step (PyTorch's "

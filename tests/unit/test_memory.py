@@ -167,6 +167,28 @@ def test_pytorch_pipelining_holds_a_receive_buffer_per_micro_batch():
     assert peaks[1] > peaks[0]
 
 
+def test_torch_2_6_pipelining_keeps_every_stage_output_to_the_end_of_the_step():
+    """training.pipeline_every_stage_outputs (torch.distributed.pipelining 2.5.1 and 2.6.0:
+    forward_one_chunk appends every stage's output to output_chunks, cleared at the next step):
+    a stage holds all m x vp of its chunk outputs at its last forward, not only those in flight;
+    the last rank's final-stage outputs are the logits, counted elsewhere."""
+    import numpy as np
+
+    from costmodel.memory import MemoryContext, pipeline_buffer_count
+
+    def count(every, cfg, in_flight, first, last):
+        mc = MemoryContext(2, 4, 4, 0.0, 0.0, 0.0, False, False, 0.05, True, every_stage_outputs_kept=every)
+        return float(pipeline_buffer_count(mc, cfg, np.array([8.0]), np.array([in_flight]), first, np.array([last]))[0])
+
+    one_f_one_b = ConfigBatch.from_columns(1, pp=4, first_layers=8, last_layers=8)
+    assert count(True, one_f_one_b, 3, False, False) - count(False, one_f_one_b, 3, False, False) == 8 - 3  # a middle rank
+    assert count(True, one_f_one_b, 4, True, False) - count(False, one_f_one_b, 4, True, False) == 8 - 4  # rank 0: 4 in flight of 8
+    assert count(True, one_f_one_b, 1, False, True) == count(False, one_f_one_b, 1, False, True)  # the last rank: logits only
+    interleaved = ConfigBatch.from_columns(1, pp=4, vp=2, first_layers=4, last_layers=4)
+    assert count(True, interleaved, 11, True, False) - count(False, interleaved, 11, True, False) == 16 - 11
+    assert count(True, interleaved, 5, False, True) - count(False, interleaved, 5, False, True) == 8 - 4  # its stage 3's outputs
+
+
 def test_pytorch_pipelining_last_stage_keeps_every_micro_batchs_logits():
     """PyTorch's schedule step() returns the last stage's outputs merged (return_outputs=True,
     its default): the stage appends every micro-batch's output -- the vocab-parallel logits -- to
