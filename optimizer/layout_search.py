@@ -486,6 +486,15 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
     return tuple(out)
 
 
+def least_recompute_var(model: cp_model.CpModel, total, table: tuple[int, ...], name: str):
+    """A variable equal to table[total] (a rank's least recompute at its layer total), the
+    total held within the table (an empty one: the rank fits no layer count)."""
+    model.Add(total <= len(table) - 1)
+    least = model.NewIntVar(0, max(table, default=0), name)
+    model.AddElement(total, list(table) or [0], least)
+    return least
+
+
 def lower_envelope(values) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The segments of the lower convex hull of the points (i, values[i]): each a pair of
     points whose line every point lies on or above."""
@@ -962,10 +971,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 # layout must recompute one or two
                 table = tables[r]
                 k = kinds_used[0]
-                model.Add(total[k] <= len(table) - 1)  # an empty table: the rank fits no layer count
-                least = model.NewIntVar(0, max(table, default=0), f"least{r}")
-                model.AddElement(total[k], list(table) or [0], least)
-                model.Add(again >= least)
+                model.Add(again >= least_recompute_var(model, total[k], table, f"least{r}"))
                 for (n1, f1), (n2, f2) in lower_envelope(table):
                     model.Add((n2 - n1) * again >= (f2 - f1) * total[k] + (f1 * n2 - f2 * n1))
         model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing))
@@ -1757,10 +1763,7 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         model.Add(total[r] == sum(layers[r, k] for k in kinds))
         work.append(sum(per_layer[k] * layers[r, k] for k in kinds) + int(const[r::pp].sum()))
         if tables is not None and rec > 0:
-            model.Add(total[r] <= len(tables[r]) - 1)
-            least = model.NewIntVar(0, max(tables[r], default=0), f"least{r}")
-            model.AddElement(total[r], list(tables[r]) or [0], least)
-            work[r] = work[r] + rec * least
+            work[r] = work[r] + rec * least_recompute_var(model, total[r], tables[r], f"least{r}")
         model.Add(m * work[r] <= z)
     first = model.NewIntVar(0, n, "t0")  # decoder layers on stage 0
     model.Add(first <= total[0])
