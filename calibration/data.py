@@ -9,7 +9,7 @@ silently). See problems/validation/README.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -19,12 +19,15 @@ from costmodel.configs import ConfigBatch
 from costmodel.flops import convention_flops_per_token, mfu_convention, recompute_flops_per_token
 from costmodel.loader import ProblemError, _describe, build_problem, read_yaml
 from costmodel.rules import config_violations
-from costmodel.specs import ConfigSpec, FlopsConvention, Problem, Spec
+from costmodel.specs import FEATURES, ConfigSpec, FlopsConvention, Problem, Spec
 from costmodel.units import TFLOP
 
 Metric = Literal["iteration_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"]
-#: configuration fields a source may leave unstated
-UNKNOWABLE = ("mbs", "vp", "recompute", "layer_split")
+#: the GEMM dtype of a mixed-precision run, when a source leaves it unstated: resolved like a
+#: configuration field (the fastest the GPU runs, bf16 or fp8), the point's problem takes it
+COMPUTE_DTYPE = "training.dtypes.compute"
+#: fields a source may leave unstated: the configuration's shape, its overlap features, the GEMM dtype
+UNKNOWABLE = ("mbs", "vp", "recompute", "layer_split", *FEATURES, COMPUTE_DTYPE)
 #: how a run chose its number of micro-batches: `stated` (the micro-batch size is given or
 #: resolved like any unknown field) or `per_pipeline_stage` (torchtitan before its 2025
 #: `pipeline_parallel_microbatch_size`: `pipeline_parallel_microbatches` unset means one
@@ -75,6 +78,15 @@ class Point:
     @property
     def hardware(self) -> str:
         return self.problem.hardware.name
+
+    def resolved(self, picks: dict) -> "Point":
+        """The point with the problem-level fields its resolution chose (the GEMM dtype; the
+        configuration's fields travel in the resolved ConfigBatch): what to evaluate it as."""
+        if COMPUTE_DTYPE not in picks:
+            return self
+        tr = self.problem.training
+        training = tr.model_copy(update={"dtypes": tr.dtypes.model_copy(update={"compute": picks[COMPUTE_DTYPE]})})
+        return replace(self, problem=self.problem.model_copy(update={"training": training}))
 
     def flops_per_step(self, convention: str) -> float:
         """Model FLOPs of one step in a convention (costmodel.flops; tgs counts PaLM's)."""

@@ -255,9 +255,6 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] | None = None, loo: bo
     (leave one out) or `source` (leave one source out: every point of a measurement campaign
     held out at once, the test that says how the model does on runs it never saw). `knobs`
     defaults to those the points can determine (default_knobs)."""
-    knobs = default_knobs(points) if knobs is None else knobs
-    if not knobs:
-        raise ValueError(f"no knob is exercised by {POINTS_PER_KNOB} of these {len(points)} points; nothing can be fitted")
     chips = {chip_of(p.problem.hardware) for p in points}
     if len(chips) != 1:
         raise ValueError(f"calibrate one chip at a time (got {', '.join(sorted(chips))})")
@@ -267,21 +264,28 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] | None = None, loo: bo
     configs, picks = {}, {}
     for p in points:
         configs[p.name], picks[p.name] = resolve(p, starts[p.name])
+    points = [p.resolved(picks[p.name]) for p in points]  # an unknown GEMM dtype, as resolved
+    knobs = default_knobs(points) if knobs is None else knobs
+    if not knobs:
+        raise ValueError(f"no knob is exercised by {POINTS_PER_KNOB} of these {len(points)} points; nothing can be fitted")
     fit_points = [p for p in points if p.measured.fit and UNEXPLAINED not in picks[p.name]]
     if len(fit_points) <= len(knobs):
         raise ValueError(f"{len(fit_points)} fitted, explained points cannot determine {len(knobs)} parameters; give more points or fewer knobs")
     x = _fit(fit_points, starts, knobs, configs)
     for _ in range(rounds - 1):  # re-resolve the unknowns with the fitted profile, refit, until stable
         changed = False
-        for p in fit_points:
+        for i, p in enumerate(fit_points):
             if not p.unknown:
                 continue  # a stated configuration does not depend on the profile
             cfg, chosen = resolve(p, apply(starts[p.name], dict(zip(knobs, x))))
             changed |= picks[p.name] != chosen
             configs[p.name], picks[p.name] = cfg, chosen
+            fit_points[i] = p.resolved(chosen)
         if not changed:
             break
         x = _fit([p for p in fit_points if UNEXPLAINED not in picks[p.name]], starts, knobs, configs, x)
+    latest = {p.name: p for p in fit_points}  # resolved with the final profile
+    points = [latest.get(p.name, p) for p in points]
     values = dict(zip(knobs, x))
 
     results = [point_result(p, apply(starts[p.name], values), configs[p.name], picks[p.name]) for p in points]
@@ -306,7 +310,7 @@ def calibrate(points: list[Point], knobs: tuple[str, ...] | None = None, loo: bo
                 cfg_i, chosen_i = resolve(p, trial) if p.unknown else (configs[p.name], picks[p.name])
                 if UNEXPLAINED in chosen_i:
                     continue
-                by_name[p.name].loo_predicted_step_s = predict(p, trial, {p.name: cfg_i})[0]
+                by_name[p.name].loo_predicted_step_s = predict(p.resolved(chosen_i), trial, {p.name: cfg_i})[0]
 
     fitted = [r for r in results if r.scored]
     held_out = any(r.loo_predicted_step_s for r in fitted)

@@ -4,7 +4,7 @@ well-tuned configuration), with the hardware profile being calibrated."""
 
 from __future__ import annotations
 
-from calibration.data import Point, local_batch
+from calibration.data import COMPUTE_DTYPE, Point, local_batch
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.layout import layout_name
@@ -22,11 +22,48 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
     model cannot explain -- its stated configuration does not fit the memory estimate, or no
     admissible value of its unknown fields fits -- says so under the key UNEXPLAINED; its
     configuration (None when no admissible one exists) is returned for display only and is never
-    scored into an accuracy figure."""
+    scored into an accuracy figure. An unknown GEMM dtype (COMPUTE_DTYPE) is chosen like the
+    configuration's fields and lands among the picks: evaluate the point as point.resolved(picks)."""
     problem = point.problem if hardware is None else point.problem.model_copy(update={"hardware": hardware})
-    if point.microbatches == "per_pipeline_stage" and "vp" in point.unknown:
-        return _resolve_per_stage_microbatches(problem, point.unknown)
-    return _resolve(problem, point.unknown)
+    unknown = point.unknown
+    if COMPUTE_DTYPE in unknown:
+        rest = tuple(u for u in unknown if u != COMPUTE_DTYPE)
+        dtypes = [d for d in MIXED_PRECISION_DTYPES if d in problem.hardware.peak_tflops]
+        return _fastest([({COMPUTE_DTYPE: d}, _with_compute_dtype(problem, d), point.microbatches, rest) for d in dtypes],
+                        f"{problem.hardware.name} runs none of {', '.join(MIXED_PRECISION_DTYPES)}")
+    return _resolve_point(problem, point.microbatches, unknown)
+
+
+#: the GEMM dtypes an unstated mixed-precision run may have used, in the order ties go
+MIXED_PRECISION_DTYPES = ("bf16", "fp8")
+
+
+def _with_compute_dtype(problem: Problem, dtype: str) -> Problem:
+    tr = problem.training
+    return problem.model_copy(update={"training": tr.model_copy(update={"dtypes": tr.dtypes.model_copy(update={"compute": dtype})})})
+
+
+def _resolve_point(problem: Problem, microbatches: str, unknown: tuple[str, ...]) -> tuple[ConfigBatch | None, dict]:
+    if microbatches == "per_pipeline_stage" and "vp" in unknown:
+        return _resolve_per_stage_microbatches(problem, unknown)
+    return _resolve(problem, unknown)
+
+
+def _fastest(candidates: list[tuple[dict, Problem, str, tuple[str, ...]]], none: str) -> tuple[ConfigBatch | None, dict]:
+    """The fastest explained resolution of (fixed picks, problem, micro-batch rule, unknown
+    fields) candidates, its picks with the fixed ones; else the first failure (or `none`)."""
+    best, failure = None, None
+    for fixed, sub, microbatches, unknown in candidates:
+        cfg, picks = _resolve_point(sub, microbatches, unknown)
+        if cfg is not None and UNEXPLAINED not in picks:
+            step = float(evaluate(sub, cfg.take([0])).step_time_s[0])
+            if best is None or step < best[0]:
+                best = (step, cfg, {**fixed, **picks})
+        elif failure is None:
+            failure = (cfg, {**fixed, **picks})
+    if best is not None:
+        return best[1], best[2]
+    return failure or (None, {UNEXPLAINED: none})
 
 
 def _resolve_per_stage_microbatches(problem: Problem, unknown: tuple[str, ...]) -> tuple[ConfigBatch | None, dict]:
@@ -36,22 +73,14 @@ def _resolve_per_stage_microbatches(problem: Problem, unknown: tuple[str, ...]) 
     local = local_batch(problem)
     rest = tuple(u for u in unknown if u not in ("vp", "mbs"))
     least_vp = 2 if known.pp_schedule == "interleaved_1f1b" else 1
-    candidates, failure = [], None
+    candidates = []
     for vp in range(least_vp, int(min(local, problem.model.num_layers) // known.pp) + 1):  # a stage holds a layer at least
         mbs = local / (known.pp * vp)
         if mbs != int(mbs):
             continue
         sub = problem.model_copy(update={"config": known.model_copy(update={"vp": vp, "mbs": int(mbs)})})
-        cfg, picks = _resolve(sub, rest)
-        if cfg is not None and UNEXPLAINED not in picks:
-            step = float(evaluate(sub, cfg.take([0])).step_time_s[0])
-            candidates.append((step, vp, cfg, {"vp": vp, "mbs": int(mbs), **picks}))
-        elif failure is None:
-            failure = (cfg, picks)
-    if not candidates:
-        return failure or (None, {UNEXPLAINED: "no vp gives a whole number of micro-batches per pipeline stage"})
-    _, _, cfg, picks = min(candidates, key=lambda c: (c[0], c[1]))
-    return cfg, picks
+        candidates.append(({"vp": vp, "mbs": int(mbs)}, sub, "stated", rest))
+    return _fastest(candidates, "no vp gives a whole number of micro-batches per pipeline stage")
 
 
 def _resolve(problem: Problem, unknown: tuple[str, ...]) -> tuple[ConfigBatch | None, dict]:

@@ -59,7 +59,7 @@ def run(args) -> int:
         if hw.name in profiles:
             hw = with_profile(hw, profiles[hw.name])
         cfg, chosen = resolve(point, hw)
-        results.append(point_result(point, hw, cfg, chosen))
+        results.append(point_result(point.resolved(chosen), hw, cfg, chosen))
     out = summary(results, profiles, efficiencies, data.points, args.flops_convention or "palm")
     out["skipped"] = [{"file": s.path, "row": s.row, "reason": s.reason} for s in data.skipped]
     if args.cross_validate != "none":

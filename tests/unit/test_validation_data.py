@@ -156,3 +156,38 @@ def test_a_micro_batch_rule_the_row_breaks_is_named(tmp_path, change, field, mes
     with pytest.raises(ProblemError) as err:
         load_dataset([str(write(tmp_path, doc))])
     assert err.value.field == field and message in err.value.message, str(err.value)
+
+
+def test_an_unstated_gemm_dtype_and_overlap_resolve_to_the_fastest_the_gpu_runs(tmp_path):
+    """training.dtypes.compute and an overlap feature may be unknown: on an H100 the resolver
+    takes fp8 GEMMs and TP overlapped (each faster there), and the point evaluates as resolved;
+    an A100 has no fp8 peak, so there the dtype resolves to bf16."""
+    import copy
+
+    doc = copy.deepcopy(SOURCE)
+    doc.pop("skipped")
+    doc["common"]["config"].update({"tp": 2, "zero_stage": 1})
+    doc["columns"] = SOURCE["columns"] + ["hardware", "unknown"]
+    doc["rows"] = [["h100", "tiny", 8, 64, 8, 100000, "h100-sxm", ["training.dtypes.compute", "tp_overlap"]],
+                   ["a100", "tiny", 8, 64, 8, 100000, "a100-80gb", ["training.dtypes.compute"]]]
+    h100, a100 = load_points([str(write(tmp_path, doc))])
+    assert h100.problem.training.dtypes.compute == "bf16"  # the stated default, until resolved
+    cfg, chosen = resolve(h100)
+    assert chosen["training.dtypes.compute"] == "fp8" and chosen["tp_overlap"] is True and int(cfg.tp_overlap[0]) == 1
+    resolved = h100.resolved(chosen)
+    assert resolved.problem.training.dtypes.compute == "fp8" and h100.problem.training.dtypes.compute == "bf16"
+    fp8 = point_result(resolved, resolved.problem.hardware, cfg, chosen)
+    bf16 = point_result(h100, h100.problem.hardware, cfg, chosen)
+    assert fp8.predicted_step_s < bf16.predicted_step_s
+    _, chosen = resolve(a100)
+    assert chosen["training.dtypes.compute"] == "bf16"
+
+
+def test_a_field_that_cannot_be_unknown_is_named(tmp_path):
+    import copy
+
+    doc = copy.deepcopy(SOURCE)
+    doc["columns"] = SOURCE["columns"] + ["unknown"]
+    doc["rows"] = [["a", "tiny", 8, 64, 8, 100000, ["tp"]]]
+    with pytest.raises(ProblemError, match=r"rows\[0\].unknown.*cannot resolve \['tp'\]"):
+        load_points([str(write(tmp_path, doc))])
