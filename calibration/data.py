@@ -84,9 +84,7 @@ class Point:
         configuration's fields travel in the resolved ConfigBatch): what to evaluate it as."""
         if COMPUTE_DTYPE not in picks:
             return self
-        tr = self.problem.training
-        training = tr.model_copy(update={"dtypes": tr.dtypes.model_copy(update={"compute": picks[COMPUTE_DTYPE]})})
-        return replace(self, problem=self.problem.model_copy(update={"training": training}))
+        return replace(self, problem=with_compute_dtype(self.problem, picks[COMPUTE_DTYPE]))
 
     def flops_per_step(self, convention: str) -> float:
         """Model FLOPs of one step in a convention (costmodel.flops; tgs counts PaLM's)."""
@@ -168,6 +166,12 @@ def _point_unprefixed(data: dict, path: str, source: str) -> Point:
         if broken:
             raise ProblemError(path, f"config.{broken[0][0]}", broken[0][1])
     return Point(problem.name, path, problem, measured, tuple(unknown), source, microbatches)
+
+
+def with_compute_dtype(problem: Problem, dtype: str) -> Problem:
+    """The problem with its GEMM dtype set (an unknown COMPUTE_DTYPE being resolved or resolved)."""
+    tr = problem.training
+    return problem.model_copy(update={"training": tr.model_copy(update={"dtypes": tr.dtypes.model_copy(update={"compute": dtype})})})
 
 
 def local_batch(problem: Problem) -> float:

@@ -4,7 +4,7 @@ well-tuned configuration), with the hardware profile being calibrated."""
 
 from __future__ import annotations
 
-from calibration.data import COMPUTE_DTYPE, Point, local_batch
+from calibration.data import COMPUTE_DTYPE, Point, local_batch, with_compute_dtype
 from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.layout import layout_name
@@ -29,18 +29,13 @@ def resolve(point: Point, hardware: HardwareSpec | None = None) -> tuple[ConfigB
     if COMPUTE_DTYPE in unknown:
         rest = tuple(u for u in unknown if u != COMPUTE_DTYPE)
         dtypes = [d for d in MIXED_PRECISION_DTYPES if d in problem.hardware.peak_tflops]
-        return _fastest([({COMPUTE_DTYPE: d}, _with_compute_dtype(problem, d), point.microbatches, rest) for d in dtypes],
+        return _fastest([({COMPUTE_DTYPE: d}, with_compute_dtype(problem, d), point.microbatches, rest) for d in dtypes],
                         f"{problem.hardware.name} runs none of {', '.join(MIXED_PRECISION_DTYPES)}")
     return _resolve_point(problem, point.microbatches, unknown)
 
 
 #: the GEMM dtypes an unstated mixed-precision run may have used, in the order ties go
 MIXED_PRECISION_DTYPES = ("bf16", "fp8")
-
-
-def _with_compute_dtype(problem: Problem, dtype: str) -> Problem:
-    tr = problem.training
-    return problem.model_copy(update={"training": tr.model_copy(update={"dtypes": tr.dtypes.model_copy(update={"compute": dtype})})})
 
 
 def _resolve_point(problem: Problem, microbatches: str, unknown: tuple[str, ...]) -> tuple[ConfigBatch | None, dict]:
