@@ -3,11 +3,13 @@ layout and the stage dynamic program (MPE eq. 3), on a 7-layer DeepSeek-V3 (3 de
 layers and its MTP module: two kind runs) small enough to enumerate, with GPU capacities from
 roomy to tight so that memory binds and, at the smallest, nothing fits."""
 
+import dataclasses
+
 import pytest
 
 from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
-from costmodel.stage_layout import LayoutError, layout_context
+from costmodel.stage_layout import LayoutError, StageLayout, layout_context
 from optimizer.layout_search import dp_layout, enumerate_layouts, kind_runs, regular, solve_layout, two_phase
 
 TINY = """name: tiny-moe
@@ -351,6 +353,8 @@ def test_layout_report_states_whether_megatron_can_launch_the_recompute(tmp_path
     assert report["recompute_expressible"] is False
     other = report["best_any_recompute"]
     assert other["step_time_s"] < report["step_time_s"]
+    # the one-N layouts are among the per-stage ones: the per-stage search's bound holds for them
+    assert report["makespan_lower_bound_s"] >= other["makespan_lower_bound_s"]
     n = report["recompute_num_layers"]
     assert n is not None and report["recompute"] == [min(n, d) for d in layout.decoders]
     assert layout is not None and layout.recompute == tuple(report["recompute"])  # the configuration's own split does not fit
@@ -775,3 +779,19 @@ def test_packed_seeds_hold_every_layer_in_each_ranks_last_chunks(tmp_path):
         assert any(not any(sizes[:(vp - k) * pp]) and max(sizes[(vp - k) * pp:]) - min(sizes[(vp - k) * pp:]) <= 1
                    and list(sizes[(vp - k) * pp:]) == sorted(sizes[(vp - k) * pp:], reverse=True) for k in range(1, vp + 1))
     assert {sum(1 for d in seed.decoders if d) for seed in seeds} == {pp * k for k in range(1, vp + 1)}
+
+
+def test_a_larger_space_bound_carries_over():
+    """within_superset: the per-stage search's bound holds for the one-N layouts; it replaces a
+    lower one, certifies an answer it reaches, and never lowers a bound."""
+    from optimizer.layout_search import LayoutSolution, within_superset
+
+    layout = StageLayout.from_stage_sizes(2, 1, [2, 2], 0)
+    one_n = LayoutSolution(layout, 10.0, 9.0, 9.0, 7.0, False, 1.0, True, 1, "cp-sat")
+    per_stage = dataclasses.replace(one_n, lower_bound_s=8.0)
+    raised = within_superset(one_n, per_stage)
+    assert raised.lower_bound_s == 8.0 and raised.bound_source == "per-stage" and not raised.optimal
+    assert raised.gap == pytest.approx(1 / 9)
+    certified = within_superset(one_n, dataclasses.replace(one_n, lower_bound_s=9.0))
+    assert certified.optimal and certified.gap == 0.0
+    assert within_superset(one_n, dataclasses.replace(one_n, lower_bound_s=6.0)) is one_n
