@@ -261,8 +261,12 @@ def render_validation(out: dict) -> str:
         lines.append(f"{name}: {figures(s)}{extra}")
     if out["mape_pct"] is not None:
         lines += ["", f"all scored points (in sample where the profile was fitted on them): MAPE {out['mape_pct']:.2f}%, worst {out['max_abs_error_pct']:.1f}%"]
-    if out["peak_memory"]["n"]:
-        lines.append(f"peak memory where the source states it: {figures(out['peak_memory'])}")
+    memory = out["peak_memory"]
+    if memory["n"]:
+        within = lambda s: f"; {s['within_bar']} of {s['n']} within {memory['bar_pct']:g}%"  # noqa: E731
+        lines.append(f"peak memory where the source states it: {figures(memory)}{within(memory)}")
+        for name, s in memory.get("per_source", {}).items():
+            lines.append(f"  {name}: {figures(s)}{within(s)}")
     for u in out["unexplained"]:
         lines.append(f"unexplained: {u['name']}: {u['reason']}")
     if out.get("skipped"):

@@ -148,5 +148,20 @@ def summary(results, profiles: dict, efficiencies: dict, points=None, convention
         "unexplained": [{"name": r["name"], "reason": r["unexplained"]} for r in rows if r["unexplained"]],
         "per_hardware": per_hardware,
         "per_source": per_source,
-        "peak_memory": _errors([r for r in rows if not r["unexplained"]], "memory_error_pct"),
+        "peak_memory": memory_figures([r for r in rows if not r["unexplained"]]),
     }
+
+
+#: issue 9's peak-memory bar: a prediction within this share of the reported peak
+MEMORY_BAR_PCT = 10.0
+
+
+def memory_figures(rows: list[dict]) -> dict:
+    """Peak memory against the points that state it: the error figures, how many are within
+    MEMORY_BAR_PCT, and the same per source."""
+    def figures(subset):
+        stated = [r for r in subset if r["memory_error_pct"] is not None]
+        return {**_errors(stated, "memory_error_pct"), "within_bar": sum(1 for r in stated if abs(r["memory_error_pct"]) <= MEMORY_BAR_PCT)}
+
+    sources = sorted({r["source"] for r in rows if r["memory_error_pct"] is not None})
+    return {**figures(rows), "bar_pct": MEMORY_BAR_PCT, "per_source": {name: figures([r for r in rows if r["source"] == name]) for name in sources}}

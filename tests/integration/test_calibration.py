@@ -102,7 +102,11 @@ def test_validate_reports_per_source_unexplained_and_skipped():
     assert "GiB" in unexplained["llama3-405b-8192gpu_seq8k"]  # the model's memory estimate does not fit it
     assert doc["scored"] == sum(1 for p in doc["points"] if p["fitted"] and not p["unexplained"])
     assert len(doc["skipped"]) == 8 + 11 and all(s["reason"] for s in doc["skipped"])  # the B200 table's 8 rows, 11 device OOM configurations
-    assert doc["peak_memory"]["n"] >= 10
+    memory = doc["peak_memory"]
+    assert memory["n"] >= 10
+    stated = [p for p in doc["points"] if p["memory_error_pct"] is not None and not p["unexplained"]]
+    assert memory["n"] == len(stated) == sum(s["n"] for s in memory["per_source"].values())
+    assert memory["within_bar"] == sum(1 for p in stated if abs(p["memory_error_pct"]) <= memory["bar_pct"])
     strict = run("validate", str(PROBLEMS / "validation"), "--max-mape", "0.5")
     assert strict.returncode == 1 and "exceeds --max-mape" in strict.stderr
 
