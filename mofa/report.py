@@ -237,15 +237,18 @@ def render_validation(out: dict) -> str:
     def pct(v):
         return "-" if v is None else f"{v:+.1f}"
 
+    cv = out.get("cross_validation")
+    held = [[pct(r.get("held_out_error_pct"))] if cv else [] for r in out["points"]]  # leave-one-group-out error
     rows = [[r["name"], r["hardware"], "yes" if r["fitted"] else "no", r["measured_step_s"], r["predicted_step_s"],
-             "unexplained" if r["unexplained"] else pct(r["error_pct"]),
+             "unexplained" if r["unexplained"] else pct(r["error_pct"]), *h,
              "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.1f}",
              "-" if r["predicted_peak_gib"] is None else f"{r['predicted_peak_gib']:.1f}",
              mfu_pair(r), ", ".join(f"{k}={v}" for k, v in r["resolved"].items()) or "-"]
-            for r in out["points"]]
+            for r, h in zip(out["points"], held)]
     conv = out["points"][0].get("mfu_convention", "palm") if out["points"] else "palm"
-    headers = ["point", "GPU", "fitted", "measured s", "predicted s", "error %", "meas GiB", "pred GiB", f"MFU % meas/pred ({conv})", "unknowns resolved"]
-    lines = [table(headers, rows, "lllrrrrrrl"), ""]
+    headers = ["point", "GPU", "fitted", "measured s", "predicted s", "error %", *([f"held-out ({cv['held_out']}) %"] if cv else []),
+               "meas GiB", "pred GiB", f"MFU % meas/pred ({conv})", "unknowns resolved"]
+    lines = [table(headers, rows, "lllrrr" + ("r" if cv else "") + "rrrl"), ""]
 
     def figures(s):
         if not s["n"]:
@@ -271,7 +274,6 @@ def render_validation(out: dict) -> str:
         lines.append(f"unexplained: {u['name']}: {u['reason']}")
     if out.get("skipped"):
         lines.append(f"{len(out['skipped'])} measured rows the model cannot express (listed with their reasons in the files' skipped sections)")
-    cv = out.get("cross_validation")
     if cv:
         lines += ["", f"cross-validation, leave one {cv['held_out']} out (held-out predictions):"]
         for name, s in cv["per_gpu"].items():

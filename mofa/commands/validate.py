@@ -76,6 +76,9 @@ def run(args) -> int:
             held += cal.results
             fitted_knobs[chip] = cal.knobs
         sd = log_residual_sd(held)
+        held_out = {r.name: r.loo_error_pct for r in held if r.scored and r.loo_predicted_step_s}
+        for row in out["points"]:  # each point's error when its group was held out of the fit
+            row["held_out_error_pct"] = held_out.get(row["name"])
         out["cross_validation"] = {"held_out": args.cross_validate, "knobs": fitted_knobs, **cross_validation_summary(held, sd), "log_residual_sd": sd}
     out["memory_checks"] = memory_checks()
     print(to_json(stamped(out, list(args.data))) if args.json else render_validation(out))

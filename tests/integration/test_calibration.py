@@ -51,7 +51,9 @@ def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
     other H100 source, within the issue's 10% per source. The tolerance is the figure
-    results/reference/validate.txt records for this source (4.36%, held out; 4.35% before
+    results/reference/validate.txt records for this source (4.29%, held out; 4.36% before
+    torchtitan's 405B CP runs resolved their unstated Float8 and async TP and joined the H100
+    fit; 4.35% before
     torchtitan's H100 rows, which the H100 fit shares, repeated K/V to every query head and kept
     their pipeline stages' outputs; 4.6% before the
     other sources gained torchtitan's per-op checkpointing rows; 6.0% before the
@@ -76,7 +78,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 4.36 + 0.005  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 4.29 + 0.005  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():

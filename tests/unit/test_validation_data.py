@@ -191,3 +191,21 @@ def test_a_field_that_cannot_be_unknown_is_named(tmp_path):
     doc["rows"] = [["a", "tiny", 8, 64, 8, 100000, ["tp"]]]
     with pytest.raises(ProblemError, match=r"rows\[0\].unknown.*cannot resolve \['tp'\]"):
         load_points([str(write(tmp_path, doc))])
+
+
+def test_validate_shows_each_points_held_out_error_beside_its_in_sample_one(tmp_path):
+    """With cross-validation the table gains a column: each point's error when its group was
+    held out of the fit ('-' for a point without one); without it the column is absent."""
+    from mofa.commands.validate import summary
+    from mofa.report import render_validation
+
+    points = load_points([str(write(tmp_path, SOURCE))])
+    results = [point_result(p, p.problem.hardware, *resolve(p)) for p in points]
+    out = summary(results, {}, {p.hardware: p.problem.hardware.efficiency for p in points}, points)
+    assert "held-out" not in render_validation(out)
+    out["points"][0]["held_out_error_pct"], out["points"][1]["held_out_error_pct"] = -12.5, None
+    out["cross_validation"] = {"held_out": "source", "per_gpu": {}, "per_source": {}, "interval_coverage": None, "log_residual_sd": 0.1}
+    text = render_validation(out).splitlines()
+    assert "held-out (source) %" in text[0]
+    column = text[0].index("held-out (source) %") + len("held-out (source) %")  # right-aligned under its header
+    assert text[2][:column].endswith("-12.5") and text[3][:column].endswith("-")
