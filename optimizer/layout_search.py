@@ -1807,7 +1807,7 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         busy = (goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n
         if tables is not None:  # nor more than the recompute its memory forces lets it hold
             busy = min(busy, len(tables[r]) - 1)
-            while busy > 0 and m * (delta * busy + rec * tables[r][busy] + int(const[r::pp].sum())) > goal:  # work grows with the total
+            while busy > 0 and m * (delta * busy + rec * tables[r][busy] + int(const[r::pp].sum())) > goal:  # from the top: the largest total whose work meets the goal
                 busy -= 1
         high.append(int(max(min(busy, n - (sum(low) - low[r]), n), low[r])))
     return RankRegion(tuple(low), tuple(high), min(stage0_high, n))
