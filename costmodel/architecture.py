@@ -801,13 +801,22 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
     # x - max beside exp(x - max): torch.distributed.tensor.parallel.loss._log_softmax), and the
     # backward's start, with the saved log-softmax, two fp32 gradients (log-probs, logits) and the
     # bf16 logits unless the loop dropped them (no PP)
-    kept_logits = np.where(tr.logits_freed_before_backward & (pp == 1), 0.0, D)
-    eager_forward = D + 4 + 4 + 4.0 * (t > 1)
+    # With the cast in the model (logits_fp32), the head's output is the fp32 copy: the forward
+    # peaks at the cast (both copies) or in the log-softmax (the copy, x - max, exp(x - max) or the
+    # output), and the pipeline keeps the fp32 copy, not the bf16 logits, to the backward.
+    out = 4.0 if tr.logits_fp32 else float(D)
+    kept_logits = np.where(tr.logits_freed_before_backward & (pp == 1), 0.0, out)
+    eager_forward = np.maximum(D + 4.0, 4 + 4 + 4.0 * (t > 1)) if tr.logits_fp32 else D + 4 + 4 + 4.0 * (t > 1)
     d_para = DTYPE_BYTES[tr.dtypes.params]
     head_cast = (d_para + D) * V * h / t if d_para > D else 0.0 * t
     eager_backward = 4 + 8 + kept_logits
     loss_bytes = np.maximum(eager_forward, eager_backward) if tr.loss_kernel == "eager_fp32" else 4.0 + 0.0 * t
     head = Gemm("head", T, V / t, np.full_like(T, h))
+    # the output projection's saved input: the SP shard it re-gathers in the backward (Megatron's
+    # ColumnParallelLinear), or, under DTensor TP (tp_backward_overlap off: torchtitan), the
+    # all-gathered final hidden states the matmul was given -- async TP never fuses it, since
+    # torchtitan compiles each transformer block, not the head (its apply_compile)
+    head_input = np.where((not tr.tp_backward_overlap) & sh.sp & (t > 1), T, Tsp)
     return EdgeWork(
         embedding_params_local=V * h / t,
         head_params_local=V * h / t + h,
@@ -817,8 +826,8 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
         # (+ autocast's cast of the output weight, and of its gradient back, where the weights
         # are wider than the compute: `weight_casts`)
         head_memory_bytes=2 * D * Tsp * h + D * logits + 4 * 4 * logits + head_cast,
-        # held for the loss: the final-norm input and output, and the loss's peak (above)
-        head_saved=D * Tsp * h + D * Tsp * h + loss_bytes * logits,
-        head_output_bytes=D * logits,
+        # held for the loss: the final-norm input, the head's input (above), and the loss's peak
+        head_saved=D * Tsp * h + D * head_input * h + loss_bytes * logits,
+        head_output_bytes=out * logits,
         head_tp_bytes=np.where(t > 1, D * T * h, 0.0),
     )

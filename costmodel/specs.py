@@ -529,6 +529,15 @@ class TrainingSpec(Spec):
         "default, eight elementwise passes; per_parameter = the same passes in a Python loop over the parameters "
         "(Composer's DecoupledAdamW, llm-foundry's optimizer)",
     )
+    logits_fp32: bool = Field(
+        default=False,
+        description="the model's forward returns its logits upcast to fp32 (`self.output(h).float()`): torchtitan's "
+        "Llama before its loss took over the cast (models/llama/model.py in the Sept 2024 snapshot forked-torchtitan "
+        "0.202.2 on PyPI; the Mar 2025 snapshot custom-torchtitan 0.0.2.1 returns self.output(h) and casts in "
+        "components/loss.py), as in Meta's reference Llama it was ported from; the logits a pipeline stage keeps per "
+        "micro-batch are then 4 bytes each, and the eager loss's .float() is a no-op; false: the head's output in the "
+        "activation dtype (Megatron, torchtitan since 2025)",
+    )
     logits_freed_before_backward: bool = Field(
         default=False,
         description="eager_fp32 loss: the training loop drops the bf16 logits before loss.backward() (torchtitan's train "

@@ -150,21 +150,43 @@ def test_dtensor_tp_keeps_the_gathered_input_of_column_parallel_gemms(t):
     assert float(dtensor.saved_bytes[0] - megatron.saved_bytes[0]) == pytest.approx(2 * 2 * s * b * h * (1 - 1 / t))
 
 
-@pytest.mark.parametrize("loss_kernel,freed,t,pp,per_logit", [
-    ("fused", False, 1, 1, 4),  # Megatron's kernel: the fp32 softmax
-    ("eager_fp32", False, 1, 1, 14),  # a script keeping `logits`: 4 + 8 fp32 gradients + 2 bf16 logits at the backward
-    ("eager_fp32", True, 1, 1, 12),  # torchtitan: `del pred` before backward
-    ("eager_fp32", True, 8, 1, 14),  # vocab-parallel log-softmax: its forward holds x - max and exp(x - max)
-    ("eager_fp32", True, 1, 4, 14),  # pipelined: the schedule keeps the stage output (the logits)
+@pytest.mark.parametrize("loss_kernel,freed,t,pp,per_logit,fp32_out", [
+    ("fused", False, 1, 1, 4, False),  # Megatron's kernel: the fp32 softmax
+    ("eager_fp32", False, 1, 1, 14, False),  # a script keeping `logits`: 4 + 8 fp32 gradients + 2 bf16 logits at the backward
+    ("eager_fp32", True, 1, 1, 12, False),  # torchtitan: `del pred` before backward
+    ("eager_fp32", True, 8, 1, 14, False),  # vocab-parallel log-softmax: its forward holds x - max and exp(x - max)
+    ("eager_fp32", True, 1, 4, 14, False),  # pipelined: the schedule keeps the stage output (the logits)
+    # the model casts (`self.output(h).float()`): the bf16 logits die at the cast, so the vocab-parallel
+    # forward holds the fp32 copy, x - max and exp(x - max), 12; a pipeline keeps the fp32 copy to the backward
+    ("eager_fp32", True, 1, 1, 12, True),
+    ("eager_fp32", True, 8, 1, 12, True),
+    ("eager_fp32", True, 1, 4, 16, True),
 ])
-def test_loss_bytes_per_logit_at_its_peak(loss_kernel, freed, t, pp, per_logit):
+def test_loss_bytes_per_logit_at_its_peak(loss_kernel, freed, t, pp, per_logit, fp32_out):
     s, b = 2048, 1
     m = MODELS["llama3.1-8b"]
-    tr = TrainingSpec(global_batch_size=8, seq_len=s, loss_kernel=loss_kernel, logits_freed_before_backward=freed)
+    tr = TrainingSpec(global_batch_size=8, seq_len=s, loss_kernel=loss_kernel, logits_freed_before_backward=freed, logits_fp32=fp32_out)
     edge = arch.edges(m, tr, shard(t=t, b=b, seq=s), 2, np.array([float(pp)]))
     norm = 2 * 2 * s * b * m.hidden_size / t  # the final norm's input and output (SP-sharded)
     logits = s * b * m.vocab_size / t
     assert float(edge.head_saved[0]) == pytest.approx(norm + per_logit * logits)
+    assert float(edge.head_output_bytes[0]) == (4 if fp32_out else 2) * logits
+
+
+def test_dtensor_head_keeps_its_gathered_input():
+    """torchtitan's output projection (DTensor ColwiseParallel, input Shard(1) -> Replicate) saves
+    the all-gathered final hidden states for its weight gradient, with or without async TP (which
+    fuses inside the compiled blocks only); Megatron's head keeps the SP shard and re-gathers."""
+    s, b, t = 2048, 1, 8
+    m = MODELS["llama3.1-8b"]
+    f = lambda x: np.array([float(x)])
+
+    def saved(sp=True, **kw):
+        sh = arch.Shard(t=f(t), c=f(1), e=f(1), etp=f(1), b=f(b), seq=s, sp=sp)
+        return float(arch.edges(m, TrainingSpec(global_batch_size=8, seq_len=s, **kw), sh, 2, np.array([1.0])).head_saved[0])
+
+    assert saved(tp_backward_overlap=False) - saved() == pytest.approx(2 * s * b * m.hidden_size * (1 - 1 / t))
+    assert saved(sp=False, tp_backward_overlap=False) == saved(sp=False)  # without SP the input is whole either way
 
 
 def test_autocast_casts_fp32_weights_each_forward_and_their_gradients_back():

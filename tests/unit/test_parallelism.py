@@ -255,11 +255,15 @@ def test_dtensor_tp_holds_more_activations_unless_async_tp_fuses_the_gathers():
     with async TP. DTensor's column-parallel matmuls keep their all-gathered inputs for the
     backward; Megatron's and the fused async-TP matmuls keep the sequence-parallel shard. (A
     torchtitan search also repeats K/V to every query head, training.kv_heads_expanded: off here,
-    so that the two differ in the TP gathers alone.)"""
+    so that the two differ in the TP gathers alone.) Async TP fuses only inside the compiled
+    transformer blocks: torchtitan's output projection, outside them, keeps its gathered input
+    either way, (T - T/t) x h bf16 values more than Megatron's head, which re-gathers."""
     over = ["config=null", "hardware=h100-sxm"]
     megatron = load_problem(SMALL, over)
     titan = load_problem(SMALL, over + ["search.framework=torchtitan", "training.kv_heads_expanded=false"])
     act = lambda p, **extra: float(evaluate(p, tp_batch(p, **extra)).memory_bytes["activations"][0])
     assert act(titan) > act(megatron) * 1.01
-    assert act(titan, tp_overlap=1) == pytest.approx(act(megatron, tp_overlap=1), rel=1e-12)
+    m, seq = megatron.model, megatron.training.seq_len
+    head_gathered = 2 * (seq - seq / 8) * m.hidden_size  # mbs 1, tp 8, one rank (pp 1) holds the head
+    assert act(titan, tp_overlap=1) == pytest.approx(act(megatron, tp_overlap=1) + head_gathered, rel=1e-12)
     assert act(megatron) == pytest.approx(act(megatron, tp_overlap=1), rel=1e-12)
