@@ -147,7 +147,9 @@ def render_solve(problem, out: dict) -> str:
         c, b = r["config"], r["breakdown_s"]
         e2e = r.get("e2e_time_s")
         schedule = c["pp_schedule"] if c["pp"] > 1 else "-"
-        rows.append([rank, c["tp"], c["cp"], c["pp"], c["vp"], c["dp"], c["ep"], c["mbs"], schedule, features_label(c), r["memory_gib"]["peak"], r["tflops_per_gpu"],
+        # the CP variant beside its degree: configurations may differ in it alone
+        cp = f"{c['cp']} {c['cp_comm']}" + (f"({c['cp_a2a']})" if c.get("cp_a2a") else "") if c["cp"] > 1 else c["cp"]
+        rows.append([rank, c["tp"], cp, c["pp"], c["vp"], c["dp"], c["ep"], c["mbs"], schedule, features_label(c), r["memory_gib"]["peak"], r["tflops_per_gpu"],
                      r["step_time_s"], b["compute"] + b["recompute"], b["tp"], b["cp"], b["ep"], b["fsdp"], b["pp"], b["bubble"], b["dp"], b["update"],
                      100 * r["ettr"] if r.get("ettr") is not None else "-", r.get("checkpoint_interval") or "-", e2e / 86400 if e2e else "-"])
     lines.append(table(headers, rows, "r" * 8 + "ll" + "r" * 15))
