@@ -55,6 +55,7 @@ from costmodel.stage_layout import (
 )
 
 TIME_SCALE = 1e9  # integer nanoseconds in the CP-SAT model
+ROUND_STARTS = 3  # local searches from round_seeds' answers where no given layout fits
 BYTE_SCALE = 1024.0  # integer KiB
 
 
@@ -536,6 +537,13 @@ def packed_seeds(ctx: LayoutContext, levels) -> list[StageLayout]:
 
 def round_seed(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
                max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> StageLayout | None:
+    """round_seeds' best answer (None where it has none)."""
+    answers = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed)
+    return answers[-1] if answers else None
+
+
+def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
+                max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> list[StageLayout]:
     """A seed for a skeleton whose given layouts do not fit: the layout (and, where the
     skeleton allows it, per-stage recompute) that minimises the sum over the chunk rounds of
     their slowest stage, plus the busiest rank, under every rank's linear memory rows -- a
@@ -545,8 +553,9 @@ def round_seed(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_
     piling the layers of the ranks with many micro-batches in flight into a few chunks stalls.
     Llama 3 405B at cp 1 on pp 16 x vp 8 (even split 90.6 GiB of 79.6): the search from the
     given seeds, repaired, stalls at a 16.5 s step; from these seeds it reaches 9.6-10.2 s.
-    `random_seed` picks among CP-SAT's near-optimal answers (solve_layout descends from two).
-    None where the time runs out without a layout or none fits the rows."""
+    `random_seed` picks among CP-SAT's near-optimal answers. Returns every answer the solve
+    found, the best last (its earlier ones are other starts for a local search: the better start
+    is not the better end); empty where the time runs out without a layout or none fits the rows."""
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
     n_layers = len(ctx.kind_of_layer)
@@ -602,10 +611,11 @@ def round_seed(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_
     solver.parameters.max_time_in_seconds = max(2 * time_limit_s, 0.1)
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = int(random_seed)
-    if solver.Solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return StageLayout(pp=pp, vp=vp, decoders=tuple(solver.Value(v) for v in t), mtp=(0,) * (stages - 1) + (ctx.problem.model.mtp_layers,),
-                       recompute=tuple(solver.Value(v) for v in rc))
+    answers = _Answers(t + rc)
+    if solver.Solve(model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return []
+    mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
+    return [StageLayout(pp=pp, vp=vp, decoders=a[:stages], mtp=mtp, recompute=a[stages:]) for a in answers.answers]
 
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
@@ -775,7 +785,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     terms: on DeepSeek-V3 32 -> 1000 takes its free-layout certification from ~20 s to ~8 s,
     where Llama 3 405B's 128 stages make each path four times the terms); memory rows come in
     as answers break them. Where no seed fits (one kind of decoder layer, not uniform_recompute),
-    two of round_seed's answers join the seeds and the local search runs from each.
+    the ROUND_STARTS fastest of round_seeds' answers join the seeds and the local search runs
+    from each.
     Free layouts with an incumbent, one kind of decoder layer: first the integer consequences
     of beating the incumbent (rank_order_region: each rank's least and most layers, stage 0's
     most, from the ranks' busy time and the order their first layers come in) and the LP
@@ -1020,19 +1031,28 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             best, best_score = layout, score
         if score.fits and layout in graph_seeds:
             break  # the fastest graph seed that fits: the others are slower
-    round_seeds: tuple[StageLayout, ...] = ()
+    starts: tuple[StageLayout, ...] = ()
     if best is None and len(runs) == 1 and level is None and not graph:
         # no given layout fits: seeds whose chunk rounds are balanced under the memory rows
-        # (round_seed), two of CP-SAT's near-optimal answers (their local optima differ: 9.15
-        # and 9.70 s makespans on Llama 3 405B cp 1), each with a twentieth of the time at most
-        found = (round_seed(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k) for k in (0, 1))
-        round_seeds = tuple(dict.fromkeys(seed for seed in found if seed is not None))
-        for seed in round_seeds:
+        # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1, each with a
+        # twentieth of the time at most), the ROUND_STARTS fastest on the schedule graph. Their
+        # local optima differ widely and not in the order of the starts (Llama 3 405B cp 1:
+        # starts at 11.36 s descend to 9.15, 9.70 or 10.27 s), and which solve's answer leads
+        # to the best moves with the step-time coefficients: the solves' best answers alone
+        # gave 9.15 s, and 10.27 s after a 0.4% refit of the H100 profile
+        found = [a for k in (0, 1) for a in round_seeds(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k)]
+        found = list(dict.fromkeys(found))
+        if found:
+            counts, recomputed = lin.layout_counts(np.array([a.decoders + a.recompute for a in found]))
+            f, b = lin.times(counts, recomputed if recompute else None)
+            order = np.argsort(schedule_graph(ctx).makespan(f, b), kind="stable")
+            starts = tuple(found[k] for k in order[:ROUND_STARTS])
+        for seed in starts:
             score = score_of(seed)
             cut(*_path_of(ctx, score))
             if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
                 best, best_score = seed, score
-        seeds = seeds + round_seeds
+        seeds = seeds + starts
 
     nearest = None
 
@@ -1119,8 +1139,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         add_rows(layout.decoders + layout.recompute)
     # the local search gets its share of what the seeds left, so that CP-SAT keeps the most
     local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
-    if round_seeds:  # the local search from each (the better start is not the better end)
-        for seed in round_seeds:
+    if starts:  # the local search from each (the better start is not the better end)
+        for seed in starts:
             descend(seed, local_s)
     elif best is not None:
         descend(best, local_s)

@@ -649,7 +649,7 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
 
     from costmodel.stage_layout import balanced_layout, score_layout
     from costmodel.units import MIB
-    from optimizer.layout_search import LinearLayouts, round_seed
+    from optimizer.layout_search import LinearLayouts, round_seed, round_seeds
 
     roomy = dense_context(tmp_path, pp, vp, 9)
     peaks = [float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy)]
@@ -663,6 +663,11 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     assert seed is not None and seed == round_seed(ctx, lin, 1.0)
     assert lin.fits(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None]))[0]
     assert score_layout(ctx, seed).fits
+    # every answer of the solve is a start for the local search: distinct, within the memory
+    # rows, the best (round_seed's) last
+    answers = round_seeds(ctx, lin, 1.0)
+    assert answers[-1] == seed and len(set(answers)) == len(answers)
+    assert lin.fits(*lin.layout_counts(np.array([a.decoders + a.recompute for a in answers]))).all()
     assert solve_layout(ctx, time_limit_s=2.0, seeds=(even,)).fits
     tight = dense_context(tmp_path, pp, vp, 9, int(min(peaks) / MIB) - 64)
     assert round_seed(tight, LinearLayouts(tight), 1.0) is None
