@@ -544,8 +544,8 @@ def round_seed(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_
 
 def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
                 max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> list[StageLayout]:
-    """A seed for a skeleton whose given layouts do not fit: the layout (and, where the
-    skeleton allows it, per-stage recompute) that minimises the sum over the chunk rounds of
+    """Seeds for a skeleton whose given layouts do not fit: CP-SAT's answers for the layout (and,
+    where the skeleton allows it, per-stage recompute) that minimises the sum over the chunk rounds of
     their slowest stage, plus the busiest rank, under every rank's linear memory rows -- a
     small CP-SAT model without the schedule's paths, one kind of decoder layer. In an
     interleaved schedule the ranks run chunk c of every micro-batch as one round that its
@@ -1037,9 +1037,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1, each with a
         # twentieth of the time at most), the ROUND_STARTS fastest on the schedule graph. Their
         # local optima differ widely and not in the order of the starts (Llama 3 405B cp 1:
-        # starts at 11.36 s descend to 9.15, 9.70 or 10.27 s), and which solve's answer leads
-        # to the best moves with the step-time coefficients: the solves' best answers alone
-        # gave 9.15 s, and 10.27 s after a 0.4% refit of the H100 profile
+        # starts at 11.36 s descend to 9.15, 9.70 or 10.27 s), and which one leads to the best
+        # layout changes with the step-time coefficients: descending from each solve's best
+        # answer alone gave 9.15 s, and 10.27 s after a 0.4% refit of the H100 profile
         found = [a for k in (0, 1) for a in round_seeds(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k)]
         found = list(dict.fromkeys(found))
         if found:
