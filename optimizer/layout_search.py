@@ -654,9 +654,18 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
         recomputed = recomputed if lin.recompute else None
         return counts, recomputed
 
+    def measured(f, b):
+        """(makespan, sum of every op's end) of each layout: the second breaks ties, so that the
+        descent crosses a plateau of equal makespans where several longest paths must all be
+        shortened (two recomputed layers moved off two parallel paths: Llama 3 405B cp 1,
+        5.770 -> 5.757 s), and stops, since the pair only ever decreases."""
+        ends = graph.ends(f, b)[:-1]
+        return ends.max(axis=0), ends.sum(axis=0)
+
     counts, recomputed = measure(current[None])
     f, b = lin.times(counts, recomputed)
-    value = float(graph.makespan(f, b)[0])
+    values, totals = measured(f, b)
+    value, total = float(values[0]), float(totals[0])
     over = lin.excess(counts, recomputed)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
     headroom = lin.headroom(counts, recomputed)[0]
     paths = [graph.path(f[:, 0], b[:, 0])]
@@ -763,7 +772,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             counts, recomputed = measure(cand)
             cand_over = lin.excess(counts, recomputed)
             f, b = lin.times(counts, recomputed)
-            values = graph.makespan(f, b)
+            values, totals = measured(f, b)
             if over.sum() > 0:  # repairing: least total excess, then the shortest
                 k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
                 better = cand_over[k].sum() < over.sum()
@@ -772,10 +781,13 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                 if not len(fit):
                     continue
                 neighbours.extend((values[k], tuple(cand[k])) for k in fit)
-                k = int(fit[np.argmin(values[fit])])
-                better = values[k] < value * (1 - 1e-12)
+                # the shortest, then the least total (makespans within float noise tie)
+                rounded = np.round(values[fit] / (value * 1e-12))
+                k = int(fit[np.lexsort((totals[fit], rounded))[0]])
+                level_with = abs(values[k] - value) <= value * 1e-12
+                better = values[k] < value * (1 - 1e-12) or (level_with and totals[k] < total * (1 - 1e-12))
             if better:
-                current, value, over, level, improved = cand[k], float(values[k]), cand_over[k], int(levels[k]), True
+                current, value, total, over, level, improved = cand[k], float(values[k]), float(totals[k]), cand_over[k], int(levels[k]), True
                 headroom = lin.headroom(*measure(current[None]))[0]
                 paths.append(graph.path(f[:, k], b[:, k]))
                 break

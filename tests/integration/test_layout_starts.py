@@ -40,7 +40,9 @@ def test_the_fastest_starts_reach_the_best_basin():
 def test_a_recomputed_layer_moves_off_the_longest_path():
     """From the layout the search kept until the move existed (one layer a stage, 27 recomputed,
     5.809 s): one fewer recomputed layer does not fit, one more is slower, and moving one to a
-    stage off the longest path is faster (5.770 s after three such moves)."""
+    stage off the longest path is faster (5.770 s after three such moves; 5.757 s once the
+    descent also takes a move that leaves the makespan but shortens the other ops, so that two
+    parallel longest paths are both shortened)."""
     ctx = context(recompute=2, recompute_method=1, recompute_layers=1)
     lin = LinearLayouts(ctx)
     decoders = (0,) + (1,) * 126 + (0,)
@@ -52,4 +54,4 @@ def test_a_recomputed_layer_moves_off_the_longest_path():
     start = float(schedule_graph(ctx).makespan(f, b)[0])
     assert lin.fits(counts, recomputed)[0] and abs(start - 5.809) < 0.001
     _, end, _, moved = local_search(ctx, decoders, 10.0, lin=lin, start_recompute=tuple(recompute))
-    assert end < 5.78 and sum(moved) == 27
+    assert end < 5.76 and sum(moved) == 27
