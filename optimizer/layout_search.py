@@ -626,10 +626,11 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     """Descent over single-layer moves from `start`: moves of one layer from any stage to any
     other (at most `max_moves`, ordered by how much they shorten the current longest path),
     and, where the skeleton allows full recompute, one more or one fewer recomputed layer in a
-    stage or one recomputed layer moved to another stage (with `uniform_recompute`, one more or fewer N for every stage: r_s = min(N, layers_s),
-    Megatron's one --recompute-num-layers), screened by the linear memory test, scored in
-    batches on the schedule graph; the best improving move of the first batch that has one is
-    taken. A layer move keeps the stages' recompute counts, clipped to their layers. A start
+    stage or one recomputed layer moved to another stage (with `uniform_recompute`, one more or
+    fewer N for every stage: r_s = min(N, layers_s), Megatron's one --recompute-num-layers),
+    screened by the linear memory test, scored in batches on the schedule graph; the best
+    improving move of the first batch that has one is taken (improving: a shorter makespan, or
+    the same and a smaller sum of op ends). A layer move keeps the stages' recompute counts, clipped to their layers. A start
     that does not fit is first repaired (least memory over the capacity, summed over ranks).
     Returns the best layout's decoder counts, its makespan, the longest paths of the layouts it
     moved through and of the best neighbours of the last one (cuts that are tight near the
@@ -784,8 +785,8 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                 # the shortest, then the least total (makespans within float noise tie)
                 rounded = np.round(values[fit] / (value * 1e-12))
                 k = int(fit[np.lexsort((totals[fit], rounded))[0]])
-                level_with = abs(values[k] - value) <= value * 1e-12
-                better = values[k] < value * (1 - 1e-12) or (level_with and totals[k] < total * (1 - 1e-12))
+                tied = abs(values[k] - value) <= value * 1e-12
+                better = values[k] < value * (1 - 1e-12) or (tied and totals[k] < total * (1 - 1e-12))
             if better:
                 current, value, total, over, level, improved = cand[k], float(values[k]), float(totals[k]), cand_over[k], int(levels[k]), True
                 headroom = lin.headroom(*measure(current[None]))[0]
