@@ -785,7 +785,7 @@ class EdgeWork:
     embedding_memory_bytes: np.ndarray
     head_gemm: Gemm
     head_memory_bytes: np.ndarray  # final norm + cross-entropy passes over the logits
-    head_saved: np.ndarray  # final-norm input and output + the loss at its peak (fp32 softmax; eager: edges())
+    head_saved: np.ndarray  # final-norm input, the head's saved input + the loss at its peak (fp32 softmax; eager: edges())
     head_output_bytes: np.ndarray  # one micro-batch's logits on this rank (vocab-parallel), as the head writes them
     head_tp_bytes: np.ndarray  # all-gather of the final hidden states before the head
 
@@ -800,7 +800,10 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
     # fp32 copy and the log-softmax output (a vocab-parallel DTensor log-softmax, t > 1, also holds
     # x - max beside exp(x - max): torch.distributed.tensor.parallel.loss._log_softmax), and the
     # backward's start, with the saved log-softmax, two fp32 gradients (log-probs, logits) and the
-    # bf16 logits unless the loop dropped them (no PP)
+    # bf16 logits unless the loop dropped them (no PP); the vocab-parallel backward (t > 1) fuses
+    # the two and holds one more: zeros_like(x), exp(x) and their sum beside the saved x
+    # (loss.py _nll_loss_and_log_softmax_backward: `(grad_input + torch.exp(x)) * grad_output`,
+    # read in torch 2.5.1)
     # With the cast in the model (logits_fp32), the head's output is the fp32 copy: the forward
     # peaks at the cast (both copies) or in the log-softmax (the copy, x - max, exp(x - max) or the
     # output), and the pipeline keeps the fp32 copy, not the bf16 logits, to the backward.
@@ -809,7 +812,7 @@ def edges(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, pp: np.ndarray) -> 
     eager_forward = np.maximum(D + 4.0, 4 + 4 + 4.0 * (t > 1)) if tr.logits_fp32 else D + 4 + 4 + 4.0 * (t > 1)
     d_para = DTYPE_BYTES[tr.dtypes.params]
     head_cast = (d_para + D) * V * h / t if d_para > D else 0.0 * t
-    eager_backward = 4 + 8 + kept_logits
+    eager_backward = 4 + 8 + 4.0 * (t > 1) + kept_logits
     loss_bytes = np.maximum(eager_forward, eager_backward) if tr.loss_kernel == "eager_fp32" else 4.0 + 0.0 * t
     head = Gemm("head", T, V / t, np.full_like(T, h))
     # the output projection's saved input: the SP shard it re-gathers in the backward (Megatron's

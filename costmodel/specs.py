@@ -540,10 +540,11 @@ class TrainingSpec(Spec):
     )
     logits_freed_before_backward: bool = Field(
         default=False,
-        description="eager_fp32 loss: the training loop drops the bf16 logits before loss.backward() (torchtitan's train "
-        "step: `del pred`, 'need to free to before bwd to avoid peaking memory'), so the loss backward holds only the "
-        "fp32 tensors; without pipelining only, since PyTorch's pipeline schedules keep every stage's output until its "
-        "backward. false: a plain script that keeps `logits` (2 bytes a logit more at the backward's start)",
+        description="eager_fp32 loss: the training loop drops the logits (bf16, or fp32 with logits_fp32) before "
+        "loss.backward() (torchtitan's train step: `del pred`, 'need to free to before bwd to avoid peaking memory'), so "
+        "the loss backward holds only its own fp32 tensors; without pipelining only, since PyTorch's pipeline schedules "
+        "keep every stage's output until its backward. false: a plain script that keeps `logits` (2 or 4 bytes a logit "
+        "more at the backward's start)",
     )
     elementwise: Literal["fused", "eager"] = Field(
         default="fused",

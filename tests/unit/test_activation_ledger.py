@@ -154,13 +154,17 @@ def test_dtensor_tp_keeps_the_gathered_input_of_column_parallel_gemms(t):
     ("fused", False, 1, 1, 4, False),  # Megatron's kernel: the fp32 softmax
     ("eager_fp32", False, 1, 1, 14, False),  # a script keeping `logits`: 4 + 8 fp32 gradients + 2 bf16 logits at the backward
     ("eager_fp32", True, 1, 1, 12, False),  # torchtitan: `del pred` before backward
-    ("eager_fp32", True, 8, 1, 14, False),  # vocab-parallel log-softmax: its forward holds x - max and exp(x - max)
+    # vocab-parallel (DTensor loss_parallel): its forward holds x - max and exp(x - max) (14), its fused
+    # backward the saved log-probs, zeros_like, exp and their sum (16)
+    ("eager_fp32", True, 8, 1, 16, False),
     ("eager_fp32", True, 1, 4, 14, False),  # pipelined: the schedule keeps the stage output (the logits)
+    ("eager_fp32", True, 8, 4, 18, False),
     # the model casts (`self.output(h).float()`): the bf16 logits die at the cast, so the vocab-parallel
     # forward holds the fp32 copy, x - max and exp(x - max), 12; a pipeline keeps the fp32 copy to the backward
     ("eager_fp32", True, 1, 1, 12, True),
-    ("eager_fp32", True, 8, 1, 12, True),
+    ("eager_fp32", True, 8, 1, 16, True),
     ("eager_fp32", True, 1, 4, 16, True),
+    ("eager_fp32", True, 8, 4, 20, True),
 ])
 def test_loss_bytes_per_logit_at_its_peak(loss_kernel, freed, t, pp, per_logit, fp32_out):
     s, b = 2048, 1

@@ -36,9 +36,9 @@ def test_peak_memory_within_10_percent(name):
 def test_the_logits_cast_is_what_the_pipelined_rows_turn_on():
     """training.logits_fp32 is an assumption about the Dec 2024 code (the cast is in torchtitan's
     model.py in 2024, in its loss by March 2025; see the source file's header): taken the other
-    way, every pipelined 405B row is predicted below its measured peak, the 1F1B row by more than
-    14%. Kept so that what the assumption carries stays visible."""
+    way, every pipelined 405B row is predicted below its measured peak, and two (1F1B, CP 8) by
+    more than 10%: the bar. Kept so that what the assumption carries stays visible."""
     pipelined = [p for p in POINTS.values() if p.problem.config.pp > 1]
     assert len(pipelined) == 6
     errors = [predicted_peak_gib(p, logits_fp32=False) / p.measured.peak_memory_gib - 1 for p in pipelined]
-    assert max(errors) < 0 and min(errors) < -0.14
+    assert max(errors) < 0 and sum(e < -TOLERANCE for e in errors) == 2
