@@ -663,10 +663,8 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     assert seed is not None and seed == round_seed(ctx, lin, 1.0)
     assert lin.fits(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None]))[0]
     assert score_layout(ctx, seed).fits
-    # every answer of the solve is a start for the local search: distinct, within the memory
-    # rows, the best (round_seed's) last
+    # every answer of the solve is a start for the local search: each within the memory rows
     answers = round_seeds(ctx, lin, 1.0)
-    assert answers[-1] == seed and len(set(answers)) == len(answers)
     assert lin.fits(*lin.layout_counts(np.array([a.decoders + a.recompute for a in answers]))).all()
     assert solve_layout(ctx, time_limit_s=2.0, seeds=(even,)).fits
     tight = dense_context(tmp_path, pp, vp, 9, int(min(peaks) / MIB) - 64)
