@@ -535,13 +535,6 @@ def packed_seeds(ctx: LayoutContext, levels) -> list[StageLayout]:
     return list(dict.fromkeys(out))
 
 
-def round_seed(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
-               max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> StageLayout | None:
-    """round_seeds' best answer (None where it has none)."""
-    answers = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed)
-    return answers[-1] if answers else None
-
-
 def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
                 max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> list[StageLayout]:
     """Seeds for a skeleton whose given layouts do not fit: CP-SAT's answers for the layout (and,

@@ -636,20 +636,20 @@ def test_recompute_split_bound_holds_for_every_layout(tmp_path, recompute_layout
     assert score_layout(ctx, slowest[0]).fits
 
 
-# --- a seed where no given layout fits (round_seed) ---------------------------------------------
+# --- a seed where no given layout fits (round_seeds) --------------------------------------------
 
 
 @pytest.mark.parametrize("pp,vp", [(4, 2), (2, 2)])
 def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
-    """At a capacity between the least peak of any layout and the even split's peak, round_seed
-    returns a layout that passes the linear memory test and the exact model's, the same one on
-    every call (one worker, a deterministic time limit), and the free search that starts from
-    it returns a layout that fits; below the least peak it returns None."""
+    """At a capacity between the least peak of any layout and the even split's peak, round_seeds'
+    best (last) answer is a layout that passes the linear memory test and the exact model's, the
+    same answers on every call (one worker, a deterministic time limit), and the free search
+    that starts from them returns a layout that fits; below the least peak there is no answer."""
     import numpy as np
 
     from costmodel.stage_layout import balanced_layout, score_layout
     from costmodel.units import MIB
-    from optimizer.layout_search import LinearLayouts, round_seed, round_seeds
+    from optimizer.layout_search import LinearLayouts, round_seeds
 
     roomy = dense_context(tmp_path, pp, vp, 9)
     peaks = [float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy)]
@@ -659,16 +659,16 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     ctx = dense_context(tmp_path, pp, vp, 9, int((min(peaks) + even_peak) / 2 / MIB))
     assert not score_layout(ctx, even).fits
     lin = LinearLayouts(ctx)
-    seed = round_seed(ctx, lin, 1.0)
-    assert seed is not None and seed == round_seed(ctx, lin, 1.0)
+    answers = round_seeds(ctx, lin, 1.0)
+    seed = answers[-1]
+    assert answers == round_seeds(ctx, lin, 1.0)
     assert lin.fits(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None]))[0]
     assert score_layout(ctx, seed).fits
     # every answer of the solve is a start for the local search: each within the memory rows
-    answers = round_seeds(ctx, lin, 1.0)
     assert lin.fits(*lin.layout_counts(np.array([a.decoders + a.recompute for a in answers]))).all()
     assert solve_layout(ctx, time_limit_s=2.0, seeds=(even,)).fits
     tight = dense_context(tmp_path, pp, vp, 9, int(min(peaks) / MIB) - 64)
-    assert round_seed(tight, LinearLayouts(tight), 1.0) is None
+    assert round_seeds(tight, LinearLayouts(tight), 1.0) == []
 
 
 # --- the fewest recomputed layers a rank needs at each layer total (least_recompute) ----------
