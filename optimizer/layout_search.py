@@ -1328,6 +1328,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = 0
+        if chunk_spread is not None:
+            # regular layouts: the LP of every constraint, the max over the rank rows and the
+            # recompute tables' element constraints included (CP-SAT's level 2), proves more per
+            # round than the default's: Llama 3 405B cp 1 with per-chunk recompute, 10 s on a
+            # loaded 2-core machine, 4.9% -> 1.8% (no change on the certified regular cases)
+            solver.parameters.linearization_level = 2
         model.ClearHints()
         hint = best if best is not None else nearest
         if hint is not None:
