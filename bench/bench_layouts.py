@@ -83,6 +83,9 @@ BOUND_NOTES = {
     "rank-lp": " (proven by the integer rank totals a faster layout needs and the schedule graph's LP over them)",
     "work": " (the work bound: no CP-SAT round proved more)",
     "recompute-split": " (proven by recompute as a yes/no per rank: a rank that recomputes is over its memory without it)",
+    "levels": (" (every N >= 1 ruled out by the ranks' busy time with a recomputed layer per chunk; the layouts without "
+               "recompute by the search without recompute)"),
+    "level-work": " (the ranks' busy time under one N, least over the N: no CP-SAT round proved more)",
 }
 
 

@@ -1179,6 +1179,36 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     elif seeds:  # no seed fits: repair the one least over the capacity
         over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
         descend(seeds[int(np.argmin(over))], local_s)
+    level_floor = -math.inf  # one N: the least of level_work_bounds over the N still open
+    if level is not None and best is not None and refine and not graph:
+        # One N for every stage: the N whose ranks' busy time alone reaches the incumbent are out
+        # (level_work_bounds: with N >= 1 every chunk holding a layer recomputes one). Where
+        # only N = 0 is left the layouts recompute nothing, and the search without recompute
+        # (its region LP and rounds) gets the time left: DeepSeek-V3 on pp 16 x vp 2, where a
+        # rank of 4 MoE layers with one recomputed is 63 s against the 60.9 s optimum without.
+        best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+        open_levels, low = level_range(ctx, lin, best_makespan, n_layers if max_layers is None else max_layers, tables)
+        level_floor = low
+        if not open_levels:
+            return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, best_makespan, True,
+                                  time.perf_counter() - start, best_score.fits, 0, "levels")
+        if open_levels == [0]:
+            # the local search above already ran from the incumbent: its paths go in as cuts
+            zero = [0] * stages
+            known = set(cuts) | set(paths or ())
+            plain = solve_layout(dataclasses.replace(ctx, lc_full=None), max(time_limit_s - (time.perf_counter() - start), 0.05), workers,
+                                 min_layers, refine, seeds=tuple(dict.fromkeys(x.with_recompute(zero) for x in (best,) + seeds if x.stages == stages)),
+                                 round_limit_s=round_limit_s, max_layers=max_layers, chunk_spread=chunk_spread, local=False,
+                                 neighbour_paths=neighbour_paths, scores=scores, paths=known, region_fraction=region_fraction)
+            if paths is not None:
+                paths.update(known)
+            if plain.makespan_s <= best_makespan:
+                return dataclasses.replace(plain, solve_s=time.perf_counter() - start, bound_source="levels")
+            # the incumbent (some N >= 1) stays: no N >= 1 beats it, nor a layout without recompute below plain's bound
+            lower = min(plain.lower_bound_s, best_makespan)
+            return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, lower, lower >= best_makespan,
+                                  time.perf_counter() - start, best_score.fits, plain.rounds, "levels")
+        model.AddLinearExpressionInDomain(level, cp_model.Domain.FromValues(open_levels))
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
         for rank_ops in ctx.ops:
@@ -1378,6 +1408,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         floor = work_bound_s(ctx, lin) - slack
         if floor > bound:
             bound, source = floor, "work"
+        if level_floor - slack > bound:
+            bound, source = level_floor - slack, "level-work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
                           proven, time.perf_counter() - start, best_score.fits, rounds, source)
 
@@ -1698,6 +1730,90 @@ def work_bound_s(ctx: LayoutContext, lin: "LinearLayouts | None" = None) -> floa
     counts = lin.run_counts(np.array([[len(ctx.kind_of_layer)] + [0] * (lin.stages - 1)]))  # any layout: the totals per run
     total = float(counts[0].sum(axis=0) @ (lin.forward_s + lin.backward_s)) + float(lin.const_forward_s.sum() + lin.const_backward_s.sum())
     return ctx.microbatches * total / ctx.pp
+
+
+def level_range(ctx: LayoutContext, lin: "LinearLayouts", below_s: float, most: int, tables=None) -> tuple[list[int], float]:
+    """The levels N (0..most) of one --recompute-num-layers that level_work_bounds leaves below
+    `below_s`, and the least bound over all levels (-inf where it makes no claim: then every
+    level is open). Every N up to the most layers a rank can hold below `below_s` (its
+    cheapest layers' busy time) is bounded: the bounds are not monotone in N (a larger N
+    recomputes more, but lets a rank whose memory forces many recomputed layers hold them);
+    beyond that most, min(N, layers) no longer changes, so the last level stands for all
+    larger ones."""
+    cheapest = float(np.min(lin.u["kind_total"][sorted(set(int(k) for k in lin.kind_of_run))]))
+    cap = most if cheapest <= 0 else min(most, int(below_s / (ctx.microbatches * cheapest)) + 1)
+    bounds = level_work_bounds(ctx, lin, range(cap + 1), tables, below_s)
+    if not bounds:
+        return list(range(most + 1)), -math.inf
+    open_levels = [n for n, value in sorted(bounds.items()) if value < below_s]
+    if cap in open_levels:
+        open_levels += list(range(cap + 1, most + 1))
+    return open_levels, min(bounds.values())
+
+
+def level_work_bounds(ctx: LayoutContext, lin: "LinearLayouts", levels, tables=None, below_s: float = math.inf,
+                      max_states: int = 20000) -> dict[int, float]:
+    """Per level N of one --recompute-num-layers (every stage recomputes min(N, its layers)):
+    a lower bound on the makespan of every such layout, from the ranks' busy time alone. A rank
+    runs its chunks' m forwards and m backwards one after another, so the makespan is at least
+    m * its seconds per micro-batch: its layers' forward+backward, its stages' constant terms
+    and its recompute. With N >= 1 a rank holding L >= 1 layers recomputes
+    sum_c min(N, t_c) >= min(N, L) of them, each at least the cheapest recompute among the
+    kinds it holds; with `tables` (least_recompute's, one kind of layer) at least what its
+    memory forces, which N = 0 must not need and which may not exceed the vp * N that one N
+    recomputes at most. The least over every
+    split of each kind's layers among the ranks (their order relaxed) of the busiest rank: a
+    min-max DP over ranks, whose states are the layers of each kind placed so far. Where that
+    takes more than `max_states` states (many kinds), {}: no claim.
+    Why: with one N every chunk that holds a layer pays a recompute, so where the busiest
+    rank's layers leave no room for one (DeepSeek-V3 on pp 16 x vp 2: 58 MoE layers over 16
+    ranks put 4 on some rank, 57.2 s, and one recomputed MoE layer more is 63 s, above the
+    no-recompute optimum's 60.9 s), every N >= 1 is out and the search is the one without
+    recompute. Rank vectors whose busy time reaches `below_s` are dropped (only speeds it)."""
+    u = lin.u
+    pp, vp, m = ctx.pp, ctx.vp, ctx.microbatches
+    kinds = sorted(set(int(k) for k in lin.kind_of_run))
+    count = [sum(b - a for kind, a, b in lin.runs if kind == k) for k in kinds]
+    shape = tuple(c + 1 for c in count)
+    if int(np.prod(shape)) > max_states:
+        return {}
+    cost = np.array([float(u["kind_total"][k]) for k in kinds])
+    rec = np.array([float(u["kind_recompute"][k]) for k in kinds])
+    if (rec < 0).any():
+        return {}
+    grid = np.stack(np.meshgrid(*[np.arange(c + 1) for c in count], indexing="ij"), axis=-1).reshape(-1, len(kinds))  # [state, kind]
+    held = grid.sum(axis=1)
+    cheapest = np.where(grid > 0, rec[None, :], np.inf).min(axis=1)  # the cheapest recompute among the kinds held
+    cheapest[held == 0] = 0.0
+    out = {}
+    for level in levels:
+        worst = np.full(shape, np.inf)  # the least busiest-rank seconds per micro-batch over the ranks so far, per layers placed
+        worst[(0,) * len(kinds)] = 0.0
+        for r in range(pp):
+            const = float(sum(lin.const_forward_s[s] + lin.const_backward_s[s] for s in range(r, lin.stages, pp)))
+            again = np.minimum(level, held).astype(float)
+            if tables is not None:  # beyond its table the rank fits no recompute at all
+                table = np.asarray(tables[r], dtype=float)
+                forced = np.full(len(held), np.inf)
+                inside = held < len(table)
+                forced[inside] = table[held[inside]]
+                if level == 0:
+                    again = np.where(forced > 0, np.inf, 0.0)
+                else:
+                    again = np.where(forced > vp * level, np.inf, np.maximum(again, forced))
+            busy = np.full(len(held), np.inf)
+            can = np.isfinite(again)
+            busy[can] = grid[can] @ cost + const + np.where(again[can] > 0, again[can], 0.0) * cheapest[can]
+            busy[m * busy >= below_s] = np.inf
+            nxt = np.full(shape, np.inf)
+            for v in np.flatnonzero(np.isfinite(busy)):
+                take = grid[v]
+                src = tuple(slice(0, c + 1 - t) for c, t in zip(count, take))
+                dst = tuple(slice(t, c + 1) for c, t in zip(count, take))
+                np.minimum(nxt[dst], np.maximum(worst[src], busy[v]), out=nxt[dst])
+            worst = nxt
+        out[int(level)] = m * float(worst[tuple(count)])
+    return out
 
 
 def segment_paths(ops, stages: int, microbatches: int):
@@ -2128,14 +2244,16 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0, uniform_recompute
 
 
 def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...],
-              regular_share: float = 0.4, free_floor: float = 0.3) -> tuple[LayoutSolution | None, LayoutSolution]:
+              regular_share: float = 0.4, free_floor: float = 0.3, scores: dict | None = None, paths: set | None = None,
+              tables: dict | None = None) -> tuple[LayoutSolution | None, LayoutSolution]:
     """Regular layouts first (chunks of a rank within one layer: a small model that CP-SAT
     certifies or nearly so) with `regular_share` of the time, then free layouts seeded with that
     answer, with what is left and never less than `free_floor` of the limit (so a regular phase
     that overruns its share, CP-SAT presolve included, cannot leave the free phase nothing:
     the free search's bound is the one reported, and it needs CP-SAT rounds of its own). The
     seeds' scores and the ranks' recompute tables are shared by both phases (the exact model
-    simulates each seed once).
+    simulates each seed once; `scores`, `paths`, `tables`: the caller's, to share them with a
+    search after this one, layout_report's with one N).
     Returns (the regular search's answer, None where no regular layout fits; the free
     search's), the free one never worse; its bound is the one that holds for every layout
     (a bound of the regular phase holds among regular layouts only, so it is not carried
@@ -2143,9 +2261,9 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     bound and bound_source says so)."""
     start = time.perf_counter()
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
-    scores: dict = {}
-    paths: set = set()  # the regular phase's critical paths: cuts that hold for free layouts too
-    tables: dict = {}  # each rank's least recompute per layer total, the same for both phases
+    scores = {} if scores is None else scores
+    paths = set() if paths is None else paths  # the regular phase's critical paths: cuts that hold for free layouts too
+    tables = {} if tables is None else tables  # each rank's least recompute per layer total, the same for both phases
     first = None
     try:
         first = solve_layout(ctx, regular_share * time_limit_s, workers, seeds=regular_seeds, chunk_spread=1, scores=scores, paths=paths,
@@ -2195,6 +2313,10 @@ _BOUND_NOTES = {
                 "relaxation within them (lp_region_bound), for every layout of the skeleton"),
     "per-stage": ("the search with any recompute count per stage proved it, for all its layouts: those with one "
                   "--recompute-num-layers N among them"),
+    "levels": ("every --recompute-num-layers N >= 1 ruled out by the ranks' busy time (level_work_bounds: with one N every "
+               "chunk that holds a layer recomputes one), the layouts without recompute bounded by the search without recompute"),
+    "level-work": ("no CP-SAT round proved more in time: the ranks' busy time under one --recompute-num-layers N, least over "
+                   "the N (level_work_bounds), for every layout with one N"),
 }
 
 
@@ -2216,10 +2338,11 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     schedule's (costmodel.stage_layout), the split's and the layout's alike.
     With full recompute in the configuration the layouts also choose how many layers of each
     stage to recompute. Megatron takes one --recompute-num-layers N for every stage (block
-    method: r_s = min(N, layers_s)); where the best layout's counts are not of that form, the
-    report says so (`recompute_expressible`: false), keeps it as `best_any_recompute`, and
-    searches the best layout with one N (two thirds of the time go to the free search, the
-    rest to this one), which is the answer reported and launched."""
+    method: r_s = min(N, layers_s)), so after the search over any per-stage counts (two thirds
+    of the time) a search over the layouts with one N (the rest, seeded with that answer, sharing
+    its scores and cuts) gives the answer reported and launched, with the better of the two
+    bounds; where the first answer's counts are not of that form, the report says so
+    (`recompute_expressible`: false) and keeps it as `best_any_recompute`."""
     from costmodel.stage_layout import space_size
 
     try:
@@ -2227,11 +2350,18 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         own = own_layout(ctx)
         own_score = score_layout(ctx, own)
         start = time.perf_counter()
-        regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,))
+        scores, paths, tables = {}, set(), {}  # shared by the searches of this skeleton
+        regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,),
+                                               scores=scores, paths=paths, tables=tables)
         free = solution
-        if ctx.recompute_allowed and solution.layout.uniform_recompute() is None:
+        expressible = not ctx.recompute_allowed or free.layout.uniform_recompute() is not None
+        if ctx.recompute_allowed:
+            # the layouts Megatron launches (one N) are searched whether or not the answer above
+            # is one of them: their own bounds (level_work_bounds) can certify what the search
+            # over any per-stage counts does not (DeepSeek-V3: no N >= 1 beats the optimum without)
             remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
-            solution = solve_layout(ctx, remaining, workers, seeds=(own, solution.layout), uniform_recompute=True)
+            solution = solve_layout(ctx, remaining, workers, seeds=(own, free.layout), uniform_recompute=True, scores=scores, paths=paths,
+                                    table_cache=tables)
             solution = within_superset(solution, free)
     except LayoutError as exc:
         return {"refused": str(exc)}, None
@@ -2258,10 +2388,10 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         report.update({
             "recompute": list(solution.layout.recompute),
             "recompute_num_layers": solution.layout.uniform_recompute(),
-            "recompute_expressible": free is solution,
+            "recompute_expressible": expressible,
             "megatron_split_recompute": list(own.recompute),
         })
-        if free is not solution:
+        if not expressible:
             report["best_any_recompute"] = {
                 "note": "per-stage recompute counts that no one --recompute-num-layers gives: not launchable by Megatron",
                 "layout": free.layout.to_megatron(), "recompute": list(free.layout.recompute), "step_time_s": free.step_time_s,

@@ -798,3 +798,66 @@ def test_a_larger_space_bound_carries_over():
     certified = within_superset(one_n, dataclasses.replace(one_n, lower_bound_s=9.0))
     assert certified.optimal and certified.gap == 0.0
     assert within_superset(one_n, dataclasses.replace(one_n, lower_bound_s=6.0)) is one_n
+
+
+@pytest.mark.parametrize("instance,memory_mib", [("moe", 200000), ("moe", 44000), ("dense", 12000), ("dense", 10000), ("dense", 8000)])
+def test_level_work_bounds_hold_for_every_layout(tmp_path, recompute_layouts, dense_recompute_layouts, instance, memory_mib):
+    """level_work_bounds: for each N, no layout whose stages recompute min(N, layers) and that
+    fits (the exact model, every layout enumerated) has a simulated makespan below N's bound,
+    with the ranks' memory tables (one kind of layer) or without (two kinds); and the bound
+    says more than work_bound_s for the N that recompute. level_range keeps every N some
+    layout below the goal has, and its least bound lies under every such layout."""
+    from optimizer.layout_search import LinearLayouts, least_recompute, level_range, level_work_bounds, work_bound_s
+
+    if instance == "moe":
+        ctx = recompute_context(tmp_path, 2, 2, memory_mib)
+        layouts = [(layout, peak, makespan) for layout, peak, makespan, _ in recompute_layouts[2, 2]]
+        tables = None
+    else:
+        ctx = dense_recompute_context(tmp_path, memory_mib)
+        layouts = [(layout, peak.max(), makespan) for layout, peak, makespan in dense_recompute_layouts]
+    lin = LinearLayouts(ctx)
+    n = len(ctx.kind_of_layer)
+    if instance == "dense":
+        tables = [least_recompute(ctx, lin, r, n) for r in range(ctx.pp)]
+    fits = [(layout, makespan) for layout, peak, makespan in layouts if peak <= ctx.problem.hardware.memory_bytes]
+    assert fits
+    bounds = level_work_bounds(ctx, lin, range(n + 1), tables)
+    assert sorted(bounds) == list(range(n + 1))
+    floor = work_bound_s(ctx, lin)
+    assert max(bounds.values()) > floor * 1.01
+    checked = 0
+    for level in range(n + 1):
+        for layout, makespan in fits:
+            if layout.recompute == tuple(min(level, d) for d in layout.decoders):
+                assert makespan >= bounds[level] * (1 - 1e-12)
+                checked += 1
+    assert checked
+    best = min(makespan for layout, makespan in fits if layout.uniform_recompute() is not None)
+    goal = best * 1.05
+    open_levels, least = level_range(ctx, lin, goal, n, tables)
+    for level in range(n + 1):
+        if any(makespan < goal and layout.recompute == tuple(min(level, d) for d in layout.decoders) for layout, makespan in fits):
+            assert level in open_levels
+    assert least <= best * (1 + 1e-12)
+
+
+def test_one_n_search_without_recompute_where_every_n_is_out(tmp_path, recompute_layouts):
+    """Where the ranks' busy time rules out every N >= 1 against the incumbent, the search with
+    one N is the search without recompute: it certifies enumeration's least makespan among the
+    layouts that recompute nothing, says so (bound_source "levels"), and returns a layout that
+    recomputes nothing."""
+    from optimizer.layout_search import LinearLayouts, level_range
+
+    ctx = recompute_context(tmp_path, 2, 2, 200000)
+    lin = LinearLayouts(ctx)
+    fits = fitting(recompute_layouts[2, 2], ctx)
+    best = min(makespan for layout, _, makespan, _ in fits if not layout.any_recompute)
+    n = len(ctx.kind_of_layer)
+    open_levels, _ = level_range(ctx, lin, best, n)
+    assert open_levels == [0]  # the instance is chosen so: what the test is about
+    assert min(makespan for layout, _, makespan, _ in fits if layout.uniform_recompute() is not None) == pytest.approx(best, rel=1e-9)
+    solution = solve_layout(ctx, time_limit_s=20, uniform_recompute=True)
+    assert solution.optimal and solution.bound_source == "levels"
+    assert not solution.layout.any_recompute
+    assert solution.makespan_s == pytest.approx(best, rel=1e-6)
