@@ -365,6 +365,24 @@ def test_layout_report_states_whether_megatron_can_launch_the_recompute(tmp_path
         launch_recompute(layout.with_recompute(other["recompute"]))
 
 
+def test_layout_report_searches_one_n_where_the_answer_already_is_one(tmp_path, recompute_layouts):
+    """At a roomy capacity (pp 4 x vp 1) the best per-stage counts recompute nothing, which one
+    N (0) gives: the report says Megatron can launch them, keeps nothing aside, and still runs
+    the search with one N, whose level bounds rule out every N >= 1 and certify the layout
+    (the search over any per-stage counts says nothing of that kind)."""
+    from optimizer.layout_search import _BOUND_NOTES, layout_report
+
+    ctx = recompute_context(tmp_path, 4, 1, 200000)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=4, vp=1, ep=8, mbs=1, first_layers=1, last_layers=2, zero_stage=1,
+                                   recompute=2, recompute_method=1, recompute_layers=1)
+    report, layout = layout_report(ctx.problem, cfg, time_limit_s=20)
+    assert report["recompute_expressible"] is True and "best_any_recompute" not in report
+    assert report["recompute_num_layers"] == 0 and not any(report["recompute"])
+    assert report["optimal"] and report["bound"] == _BOUND_NOTES["levels"]
+    best = min(makespan for lay, _, makespan, _ in fitting(recompute_layouts[4, 1], ctx) if lay.uniform_recompute() is not None)
+    assert report["makespan_lower_bound_s"] == pytest.approx(best, rel=1e-6)
+
+
 @pytest.mark.parametrize("pp,vp", [(2, 2), (4, 1)])
 def test_work_bound_holds_for_every_layout(tmp_path, recompute_layouts, pp, vp):
     """work_bound_s (the floor of every search's bound) never exceeds the simulated makespan
