@@ -1761,10 +1761,10 @@ def level_work_bounds(ctx: LayoutContext, lin: "LinearLayouts", levels, tables=N
     sum_c min(N, t_c) >= min(N, L) of them, each at least the cheapest recompute among the
     kinds it holds; with `tables` (least_recompute's, one kind of layer) at least what its
     memory forces, which N = 0 must not need and which may not exceed the vp * N that one N
-    recomputes at most. The least over every
-    split of each kind's layers among the ranks (their order relaxed) of the busiest rank: a
-    min-max DP over ranks, whose states are the layers of each kind placed so far. Where that
-    takes more than `max_states` states (many kinds), {}: no claim.
+    recomputes at most. The least over every split of each kind's layers among the ranks (their
+    order relaxed) of the busiest rank: a min-max DP over ranks, whose states are the layers of
+    each kind placed so far. Where that takes more than `max_states` states (many kinds), {}:
+    no claim.
     Why: with one N every chunk that holds a layer pays a recompute, so where the busiest
     rank's layers leave no room for one (DeepSeek-V3 on pp 16 x vp 2: 58 MoE layers over 16
     ranks put 4 on some rank, 57.2 s, and one recomputed MoE layer more is 63 s, above the
