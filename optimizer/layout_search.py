@@ -1023,10 +1023,18 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in vector[:stages]), mtp=tuple(int(x) for x in mtp),
                            recompute=tuple(int(x) for x in vector[stages:]))
 
-    if level is not None:  # uniform recompute: seeds recompute min(N, layers), N their own where they have one, else their most
-        seeds = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
+    if level is not None:
+        # uniform recompute: seeds recompute min(N, layers), N their own where they have one,
+        # else their most; each also with no recompute and with the least N that fits it
+        # (fewest_recompute): a per-stage answer that recomputes one layer somewhere becomes
+        # N = 1 everywhere, a basin far from its own decoder counts with N = 0 (DeepSeek-V3:
+        # 69.7 s against 60.9 s)
+        own_n = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
                       for seed, n in ((seed, seed.uniform_recompute()) for seed in seeds)
                       for n in [n if n is not None else max(seed.recompute)])
+        least_n = tuple(x for x in (fewest_recompute(ctx, seed.with_recompute([0] * stages), lin, uniform=True)
+                                    for seed in seeds if seed.stages == stages) if x is not None)
+        seeds = tuple(dict.fromkeys(own_n + least_n))
         if not graph:  # and the layouts that pack each rank's layers into its last chunks, N = 1 and 2
             packed = (seed for seed in packed_seeds(ctx, (1, 2)) if min(seed.decoders) >= min_layers
                       and (max_layers is None or max(seed.decoders) <= max_layers) and (chunk_spread is None or regular(seed, chunk_spread)))
@@ -1053,6 +1061,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         fits = lin.fits(counts, recomputed if recompute else None)
         values = schedule_graph(ctx).makespan(f, b)
         candidates += [graph_seeds[k] for k in np.argsort(values, kind="stable") if fits[k]]
+        # one N: the fastest seed that fits recomputing nothing, a start of its own (below)
+        plain_seeds = [k for k in np.argsort(values, kind="stable") if fits[k] and not graph_seeds[k].any_recompute]
+        zero_start = graph_seeds[plain_seeds[0]] if level is not None and plain_seeds else None
+    else:
+        zero_start = None
     for layout in candidates:
         score = score_of(layout)
         if layout not in graph_seeds:
@@ -1167,37 +1180,27 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         model.Add(memory_rows[r, -1] <= budget * 1000)
     for layout in seeds:
         add_rows(layout.decoders + layout.recompute)
-    # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
-    # descent at most local_s (from ROUND_STARTS starts up to that many times local_s, though they
-    # settle well within it: 0.3-0.7 s each on Llama 3 405B cp 1, against 1.5 s)
-    local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
-    if starts:  # the local search from each (the better start is not the better end)
-        for seed in starts:
-            descend(seed, local_s)
-    elif best is not None:
-        descend(best, local_s)
-    elif seeds:  # no seed fits: repair the one least over the capacity
-        over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
-        descend(seeds[int(np.argmin(over))], local_s)
-    level_floor = -math.inf  # one N: the least of level_work_bounds over the N still open
-    if level is not None and best is not None and refine and not graph:
-        # One N for every stage: the N whose ranks' busy time alone reaches the incumbent are out
-        # (level_work_bounds: with N >= 1 every chunk holding a layer recomputes one). Where
-        # only N = 0 is left the layouts recompute nothing, and the search without recompute
-        # (its region LP and rounds) gets the time left: DeepSeek-V3 on pp 16 x vp 2, where a
-        # rank of 4 MoE layers with one recomputed is 63 s against the 60.9 s optimum without.
+    def by_levels() -> LayoutSolution | None:
+        """One N (see below): the answer where level_work_bounds settles the search (no N open,
+        or only N = 0: the search without recompute), else None (the N still open kept for
+        CP-SAT's domain)."""
+        nonlocal level_floor, open_levels
         best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
         open_levels, low = level_range(ctx, lin, best_makespan, n_layers if max_layers is None else max_layers, tables)
-        level_floor = low
+        level_floor = max(level_floor, low)
         if not open_levels:
             return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, best_makespan, True,
                                   time.perf_counter() - start, best_score.fits, 0, "levels")
         if open_levels == [0]:
-            # the local search above already ran from the incumbent: its paths go in as cuts
+            # the cuts so far go in (a descent's, near the incumbent, where one ran; a per-stage
+            # search's, shared through `paths`) and the time to CP-SAT's rounds, not to a local
+            # search of its own (DeepSeek-V3 after layout_report's per-stage search, 2.8 s left:
+            # 0.35% against 0.44-6.2% with one); the incumbent is its only seed, since each seed
+            # brings the memory rows it binds, which slow the rounds (6.5 s to certify, not 2.7 s)
             zero = [0] * stages
             known = set(cuts) | set(paths or ())
             plain = solve_layout(dataclasses.replace(ctx, lc_full=None), max(time_limit_s - (time.perf_counter() - start), 0.05), workers,
-                                 min_layers, refine, seeds=tuple(dict.fromkeys(x.with_recompute(zero) for x in (best,) + seeds if x.stages == stages)),
+                                 min_layers, refine, seeds=(best.with_recompute(zero),),
                                  round_limit_s=round_limit_s, max_layers=max_layers, chunk_spread=chunk_spread, local=False,
                                  neighbour_paths=neighbour_paths, scores=scores, paths=known, region_fraction=region_fraction)
             if paths is not None:
@@ -1208,6 +1211,43 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             lower = min(plain.lower_bound_s, best_makespan)
             return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, lower, lower >= best_makespan,
                                   time.perf_counter() - start, best_score.fits, plain.rounds, "levels")
+        return None
+
+    level_floor = -math.inf  # one N: the least of level_work_bounds over the N still open
+    open_levels = None  # one N: the N level_work_bounds leaves open, once checked
+    by_level = level is not None and refine and not graph
+    if by_level and best is not None:
+        # One N for every stage: the N whose ranks' busy time alone reaches the incumbent are out
+        # (level_work_bounds: with N >= 1 every chunk holding a layer recomputes one). Where
+        # only N = 0 is left the layouts recompute nothing, and the search without recompute
+        # (its region LP and rounds) gets the time left: DeepSeek-V3 on pp 16 x vp 2, where a
+        # rank of 4 MoE layers with one recomputed is 63 s against the 60.9 s optimum without.
+        # Checked before the local search and after each descent: where the seeds already settle
+        # it (a per-stage search's answer, layout_report), the descent's time goes to the search
+        # without recompute. The fastest seed recomputing nothing descends first: the one that
+        # one N makes fastest can hold the descent in an N = 1 basin (DeepSeek-V3's recipe split,
+        # 69.6 s, against 60.9 s from the even split without recompute).
+        settled = by_levels()
+        if settled is not None:
+            return settled
+    # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
+    # descent at most local_s (from ROUND_STARTS starts up to that many times local_s, though they
+    # settle well within it: 0.3-0.7 s each on Llama 3 405B cp 1, against 1.5 s)
+    local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
+    if starts:  # the local search from each (the better start is not the better end)
+        for seed in starts:
+            descend(seed, local_s)
+    elif best is not None:
+        for seed in ([zero_start] if zero_start is not None and zero_start != best else []) + [best]:
+            descend(seed, local_s)
+            if by_level:
+                settled = by_levels()
+                if settled is not None:
+                    return settled
+    elif seeds:  # no seed fits: repair the one least over the capacity
+        over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
+        descend(seeds[int(np.argmin(over))], local_s)
+    if open_levels is not None:
         model.AddLinearExpressionInDomain(level, cp_model.Domain.FromValues(open_levels))
     if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
         ends = {}
@@ -2339,8 +2379,8 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     With full recompute in the configuration the layouts also choose how many layers of each
     stage to recompute. Megatron takes one --recompute-num-layers N for every stage (block
     method: r_s = min(N, layers_s)), so after the search over any per-stage counts (two thirds
-    of the time) a search over the layouts with one N (the rest, seeded with that answer, sharing
-    its scores and cuts) gives the answer reported and launched, with the better of the two
+    of the time) a search over the layouts with one N (the rest, seeded with its regular and free
+    answers, sharing their scores and cuts) gives the answer reported and launched, with the better of the two
     bounds; where the first answer's counts are not of that form, the report says so
     (`recompute_expressible`: false) and keeps it as `best_any_recompute`."""
     from costmodel.stage_layout import space_size
@@ -2360,8 +2400,9 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
             # is one of them: their own bounds (level_work_bounds) can certify what the search
             # over any per-stage counts does not (DeepSeek-V3: no N >= 1 beats the optimum without)
             remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
-            solution = solve_layout(ctx, remaining, workers, seeds=(own, free.layout), uniform_recompute=True, scores=scores, paths=paths,
-                                    table_cache=tables)
+            more = (regular_solution.layout,) if regular_solution is not None else ()  # often recomputes less than the free answer
+            solution = solve_layout(ctx, remaining, workers, seeds=(own, free.layout) + more, uniform_recompute=True, scores=scores,
+                                    paths=paths, table_cache=tables)
             solution = within_superset(solution, free)
     except LayoutError as exc:
         return {"refused": str(exc)}, None
