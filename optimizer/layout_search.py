@@ -1194,9 +1194,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if open_levels == [0]:
             # the cuts so far go in (a descent's, near the incumbent, where one ran; a per-stage
             # search's, shared through `paths`) and the time to CP-SAT's rounds, not to a local
-            # search of its own (DeepSeek-V3 after layout_report's per-stage search, 2.8 s left:
-            # 0.35% against 0.44-6.2% with one); the incumbent is its only seed, since each seed
-            # brings the memory rows it binds, which slow the rounds (6.5 s to certify, not 2.7 s)
+            # search of its own (its rounds need the time: DeepSeek-V3 certifies after 2-4 s of
+            # them); the incumbent is its only seed, since each seed brings the memory rows it
+            # binds, which slow the rounds (DeepSeek-V3 standalone with every seed: 0.39% at 10 s
+            # in two runs of three; with the incumbent alone certified in 4.3-5.7 s)
             zero = [0] * stages
             known = set(cuts) | set(paths or ())
             plain = solve_layout(dataclasses.replace(ctx, lc_full=None), max(time_limit_s - (time.perf_counter() - start), 0.05), workers,
