@@ -52,21 +52,20 @@ def compositions(most: int, parts: int) -> np.ndarray:
     return out
 
 
-def rank_vectors(ctx, lin, rank: int, level: int | None, most: int) -> tuple[np.ndarray, np.ndarray]:
+def rank_vectors(ctx, lin, rank: int, level: int | None, most: int, batch: int = 8192) -> tuple[np.ndarray, np.ndarray]:
     """(chunk layer counts, chunk recompute counts) of every integer choice of `rank` that fits
-    its linear memory rows: no recompute (level None) or min(level, layers) per chunk."""
+    its linear memory rows (LinearLayouts.rank_rows, on layouts holding only this rank's
+    chunks): no recompute (level None) or min(level, layers) per chunk."""
     vectors = compositions(most, ctx.vp)
-    totals = vectors.sum(axis=1)
-    base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
-    u, k = lin.u, int(lin.kind_of_run[0])
-    fixed = base0 + totals * base[k]
-    fits = fixed + (1 + lin.frag) * (trans0 + totals * trans[k]) <= lin.capacity
     recompute = np.zeros_like(vectors) if level is None else np.minimum(level, vectors)
-    chunk = vectors * float(u["kind_activation"][k]) - recompute * float(u["kind_dropped"][k])
-    working = np.where(recompute.sum(axis=1) > 0, float(u["kind_working"][k]), 0.0)[:, None]
-    held = np.asarray(ctx.held[rank], dtype=float)
-    peak = fixed[:, None] + (1 + lin.frag) * (chunk @ held.T + held[:, -1][None, :] * mtp_act + head + working)
-    fits &= peak.max(axis=1) <= lin.capacity
+    fits = np.zeros(len(vectors), dtype=bool)
+    for i in range(0, len(vectors), batch):
+        part = slice(i, i + batch)
+        layouts = np.zeros((len(vectors[part]), 2 * lin.stages), dtype=np.int64)
+        layouts[:, rank:lin.stages:ctx.pp] = vectors[part]
+        layouts[:, lin.stages + rank::ctx.pp] = recompute[part]
+        counts, recomputed = lin.layout_counts(layouts)
+        fits[part] = lin.rank_rows(counts, recomputed if ctx.recompute_allowed else None)[rank].max(axis=1) <= lin.capacity
     return vectors[fits], recompute[fits]
 
 
