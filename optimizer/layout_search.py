@@ -1216,8 +1216,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
 
     level_floor = -math.inf  # one N: the least of level_work_bounds over the N still open
     open_levels = None  # one N: the N level_work_bounds leaves open, once checked
-    by_level = level is not None and refine and not graph
-    if by_level and best is not None:
+    check_levels = level is not None and refine and not graph
+    if check_levels and best is not None:
         # One N for every stage: the N whose ranks' busy time alone reaches the incumbent are out
         # (level_work_bounds: with N >= 1 every chunk holding a layer recomputes one). Where
         # only N = 0 is left the layouts recompute nothing, and the search without recompute
@@ -1241,7 +1241,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     elif best is not None:
         for seed in ([zero_start] if zero_start is not None and zero_start != best else []) + [best]:
             descend(seed, local_s)
-            if by_level:
+            if check_levels:
                 settled = by_levels()
                 if settled is not None:
                     return settled
