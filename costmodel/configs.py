@@ -256,7 +256,7 @@ class Derived:
 def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
     """Numeric columns of a ConfigSpec: etp defaults to tp; the layer split follows
     `first_stage_layers`/`last_stage_layers` if given, else `layer_split` ('auto' picks even,
-    then embedding_loss, then uneven -- the first the layer count admits); the schedule
+    then embedding_loss, then uneven, then layout -- the first the layer count admits); the schedule
     defaults to Megatron's (interleaved when vp > 1); features as given; the interval defaults
     to the fault_tolerance section's. Settings that mean the same are written one way (block
     recompute of every layer of a stage is uniform recompute of one layer; an HSDP group as large

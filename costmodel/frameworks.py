@@ -37,7 +37,7 @@ from costmodel.configs import (
     ConfigBatch,
     chunks_setting,
 )
-from costmodel.layout import split_layers
+from costmodel.layout import needs_layout, split_layers
 from costmodel.specs import CP_COMMS, PP_SCHEDULES, DtypeSpec, ModelSpec, Problem
 
 Framework = Literal["megatron", "megatron-bridge", "torchtitan", "deepspeed"]
@@ -74,16 +74,17 @@ def facts_of(problem: Problem) -> RunFacts:
 # --- what the rules derive from a configuration ---------------------------------------------
 
 def layer_split_codes(num_layers: int, cfg: ConfigBatch) -> np.ndarray:
-    """0 single (pp = 1), 1 even, 2 embedding_loss, 3 uneven: the layout a launcher states
+    """0 single (pp = 1), 1 even, 2 embedding_loss, 3 uneven, 4 layout (only a
+    --pipeline-model-parallel-layout states it): the layout a launcher states
     (costmodel.layout.layout_name, per row)."""
-    out = np.full(len(cfg), 3.0)
+    out = np.where(needs_layout(num_layers, cfg), 4.0, 3.0)
     for code, mode in ((2, "embedding_loss"), (1, "even")):  # the first match wins, as in layout_name
         f, la = split_layers(num_layers, cfg.pp, cfg.vp, mode)
         out = np.where((f > 0) & (cfg.first_layers == f) & (cfg.last_layers == la), code, out)
     return np.where(cfg.pp == 1, 0.0, out)
 
 
-SPLIT_NAMES = ("single", "even", "embedding_loss", "uneven")
+SPLIT_NAMES = ("single", "even", "embedding_loss", "uneven", "layout")
 
 
 def sharding_group(cfg: ConfigBatch) -> np.ndarray:
@@ -224,7 +225,7 @@ def _torchtitan_rules() -> tuple[Rule, ...]:
     moe = lambda f: f.model.moe is not None  # noqa: E731
 
     def uneven(f, c):
-        return layer_split_codes(f.model.num_layers, c) == 3
+        return layer_split_codes(f.model.num_layers, c) >= 3  # uneven, or a layout's uneven ranks
 
     def longer_ends(f, c):
         middle = floor_div(f.model.num_layers - c.first_layers - c.last_layers, np.maximum(c.pp - 2, 1))

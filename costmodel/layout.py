@@ -1,23 +1,38 @@
 """Layer layouts over pipeline ranks and virtual stages: the rules Megatron applies to them.
 
 A configuration gives the transformer layers of the first and the last pipeline
-rank; the other ranks share the rest evenly, each over vp virtual stages. Three layouts:
+rank; the other ranks share the rest evenly, each over vp virtual stages. Four layouts:
   * even: L/pp layers per rank, L/(pp*vp) per virtual stage;
   * embedding_loss (Megatron --account-for-embedding/loss-in-pipeline-split; the Llama 3 layout
     of 126 layers on 16 stages): the embedding and the loss count as a layer each, so every
     virtual stage holds l = (L+2)/(pp*vp) and the first and last one l-1 transformer layers;
   * uneven (Megatron --decoder-first/last-pipeline-num-layers): middle ranks hold the smallest
     multiple of vp >= L/pp, the first and last rank the rest (the first the smaller share,
-    since it keeps the most activations in flight), each a multiple of vp.
+    since it keeps the most activations in flight), each a multiple of vp;
+  * layout (Megatron-Core --pipeline-model-parallel-layout): where none of the three admits
+    (pp, vp) -- DeepSeek-V3's 61 layers on pp 16 x vp 2 -- uneven without the multiple-of-vp
+    rule at the edges: middle ranks hold ceil(L/pp) where vp divides it, the first and last rank
+    the rest, spread over their virtual stages as evenly as it goes
+    (costmodel.pipeline.stage_sizes). Larger vp that divide no rank's share are left out: they
+    multiply the skeletons (every vp up to L/pp would qualify) for stages of one or two layers. Only a
+    layout string launches it (mofa.launch.plan writes the one stage_sizes gives); it is the
+    skeleton the layout search (optimizer.layout_search) then refines. The exact model reads it
+    by rank like the others (costmodel.pipeline.rank_classes), charging an edge rank's virtual
+    stages their mean layers where they differ by one (costmodel.memory); the layout search
+    scores each stage as it is (costmodel.stage_layout).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
 from costmodel.arrays import divides, floor_div
 
-SPLIT_MODES = ("even", "embedding_loss", "uneven")
+SPLIT_MODES = ("even", "embedding_loss", "uneven", "layout")
+#: the splits Megatron's split flags express (the rest need a --pipeline-model-parallel-layout)
+FLAG_SPLIT_MODES = SPLIT_MODES[:3]
 
 
 def split_layers(num_layers: int, pp, vp, mode: str):
@@ -44,12 +59,23 @@ def split_layers(num_layers: int, pp, vp, mode: str):
         last = rest - first
         ok = (pp > 1) & (first >= vp) & (last >= vp) & divides(vp, last)
         return np.where(ok, first, zero), np.where(ok, last, zero)
+    if mode == "layout":
+        mid = np.ceil(L / np.maximum(pp, 1))
+        rest = np.where(pp > 2, L - (pp - 2) * mid, L)
+        first = floor_div(rest, 2)  # the first rank the smaller share, as uneven
+        last = rest - first
+        # the middle ranks' virtual stages alike, as uneven's (vp divides ceil(L/pp)): only the
+        # edge ranks' stages differ, by one layer, and every stage holds a layer
+        ok = (pp > 1) & (first >= vp) & (last >= vp) & divides(vp, mid)
+        for flag_mode in FLAG_SPLIT_MODES:  # only where the split flags admit nothing
+            ok &= split_layers(num_layers, pp, vp, flag_mode)[0] == 0
+        return np.where(ok, first, zero), np.where(ok, last, zero)
     raise ValueError(f"unknown layer split {mode!r}")
 
 
-def split_ok(num_layers: int, cfg) -> np.ndarray:
-    """Megatron accepts the layout: even or uneven ranks with multiples of vp per rank, or the
-    embedding/loss-accounted layout."""
+def flag_split_ok(num_layers: int, cfg) -> np.ndarray:
+    """Megatron's split flags express the split: even or uneven ranks with multiples of vp per
+    rank, or the embedding/loss-accounted layout."""
     L, p, v, F, La = num_layers, cfg.pp, cfg.vp, cfg.first_layers, cfg.last_layers
     single = (p == 1) & (F == L) & (La == L)
     ef, el = split_layers(L, p, v, "embedding_loss")
@@ -60,13 +86,30 @@ def split_ok(num_layers: int, cfg) -> np.ndarray:
     return single | emb | general
 
 
+def split_ok(num_layers: int, cfg) -> np.ndarray:
+    """Megatron accepts the split: its split flags express it (flag_split_ok), or a
+    --pipeline-model-parallel-layout does, which needs only equal middle ranks (the model's
+    rank classes) and a layer on every virtual stage."""
+    L, p, v, F, La = num_layers, cfg.pp, cfg.vp, cfg.first_layers, cfg.last_layers
+    rest = L - F - La
+    middle_ok = np.where(p == 2, rest == 0, (rest >= v * np.maximum(p - 2, 1)) & divides(np.maximum(p - 2, 1), rest))
+    by_layout = (p > 1) & (F >= v) & (La >= v) & middle_ok
+    return flag_split_ok(num_layers, cfg) | by_layout
+
+
+def needs_layout(num_layers: int, cfg) -> np.ndarray:
+    """Rows whose split only a --pipeline-model-parallel-layout launches."""
+    return split_ok(num_layers, cfg) & ~flag_split_ok(num_layers, cfg)
+
+
 def middle_layers(num_layers: int, cfg) -> np.ndarray:
     return np.where(cfg.pp > 2, floor_div(num_layers - cfg.first_layers - cfg.last_layers, np.maximum(cfg.pp - 2, 1)), cfg.last_layers)
 
 
 def layout_name(num_layers: int, pp: int, vp: int, first: int, last: int) -> str:
-    for mode in SPLIT_MODES:
+    for mode in FLAG_SPLIT_MODES:
         f, la = split_layers(num_layers, np.array([pp]), np.array([vp]), mode)
         if f[0] == first and la[0] == last and f[0] > 0:
             return mode
-    return "uneven"
+    row = SimpleNamespace(pp=np.array([pp]), vp=np.array([vp]), first_layers=np.array([first]), last_layers=np.array([last]))
+    return "layout" if needs_layout(num_layers, row)[0] else "uneven"

@@ -69,7 +69,8 @@ class RankLayers:
 def stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int, vee: bool) -> tuple[np.ndarray, np.ndarray]:
     """(layers of each virtual stage in model order, the rank holding it). Megatron's layouts:
     rank r holds stages r, r+pp, ...; the embedding/loss-accounted layout gives the first and the
-    last stage one layer less; otherwise a rank's layers split evenly over its stages. DualPipeV:
+    last stage one layer less; otherwise a rank's layers split evenly over its stages (as evenly
+    as they go where vp does not divide them: the layout split). DualPipeV:
     2*pp stages in a V, rank r holding stages r and 2pp-1-r."""
     if vee:
         stages = 2 * pp
@@ -80,8 +81,12 @@ def stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int, vee: b
     if pp == 1:
         return np.array([num_layers]), np.zeros(1, dtype=int)
     middle = (num_layers - first - last) // max(pp - 2, 1) if pp > 2 else 0
-    per_rank = np.where(rank == 0, first, np.where(rank == pp - 1, last, middle)) // vp
-    sizes = per_rank.copy()
+    count = np.where(rank == 0, first, np.where(rank == pp - 1, last, middle))
+    # a rank's layers that vp does not divide (the layout split, costmodel.layout): one more on
+    # its chunks farthest from the pipe's ends, the first rank's last ones (away from the
+    # embedding), every other rank's first ones (away from the head)
+    local, extra = np.arange(stages) // pp, count % vp
+    sizes = count // vp + np.where(rank == 0, local >= vp - extra, local < extra)
     if (num_layers + 2) % stages == 0 and first == last == vp * (num_layers + 2) // stages - 1:
         sizes[:] = (num_layers + 2) // stages  # embedding_loss: every stage l, the end stages l - 1
         sizes[0] -= 1

@@ -24,7 +24,7 @@ ComputeDtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8"]
 FeatureMode = Literal["allowed", "on", "off"]
 RecomputeMode = Literal["none", "selective", "full"]
 AttentionType = Literal["full_attention", "sliding_attention", "linear_attention"]
-SplitMode = Literal["even", "embedding_loss", "uneven"]
+SplitMode = Literal["even", "embedding_loss", "uneven", "layout"]
 
 
 class Spec(BaseModel):
@@ -872,7 +872,9 @@ class SearchSpec(Spec):
     etp: IntChoices = None
     mbs: IntChoices = Field(default=None, description="default: powers of two up to 8")
     layer_split: list[SplitMode] = Field(
-        default=["even", "embedding_loss", "uneven"], description="layer layouts the search may use (pipeline.split_layers)"
+        default=["even", "embedding_loss", "uneven", "layout"],
+        description="layer layouts the search may use (costmodel.layout.split_layers; layout: where Megatron's split flags "
+        "admit no split of pp x vp, a --pipeline-model-parallel-layout)"
     )
     pp_schedule: list[PPSchedule] = Field(
         default=list(PP_SCHEDULES), description="pipeline schedules the search may use (where pp > 1)"

@@ -76,11 +76,14 @@ def _no_layout(problem: Problem, space: SearchSpace) -> str:
     if grid.size == 0:
         return "the search section admits no value for some parallel degree"
     t, c, p, v, e, etp, mbs = grid.T
+    # each point's first split among the search's modes; where none applies, the uneven
+    # arithmetic's (which the layers_split rule then names)
     first, last = split_layers(m.num_layers, p, v, "uneven")
-    ef, el = split_layers(m.num_layers, p, v, "even")
-    cfg = ConfigBatch.from_columns(G, tp=t, cp=c, pp=p, vp=v, ep=e, etp=etp, mbs=mbs,
-                                   first_layers=np.where(ef > 0, ef, np.maximum(first, 1)),
-                                   last_layers=np.where(el > 0, el, np.maximum(last, 1)),
+    first, last = np.maximum(first, 1), np.maximum(last, 1)
+    for mode in reversed(space.split_modes):
+        f, la = split_layers(m.num_layers, p, v, mode)
+        first, last = np.where(f > 0, f, first), np.where(f > 0, la, last)
+    cfg = ConfigBatch.from_columns(G, tp=t, cp=c, pp=p, vp=v, ep=e, etp=etp, mbs=mbs, first_layers=first, last_layers=last,
                                    pp_overlap=1 if 1 in space.flags["pp_overlap"] else 0)
     bad = violations(problem, cfg)
     counts = {rule: int(bad[rule].sum()) for rule in SKELETON_RULES}  # the model's rules: _framework_cuts names the framework's

@@ -44,16 +44,18 @@ class LaunchPlan(BaseModel):
     sequence_parallel: bool = Field(description="TP shards the residual stream (only meaningful with tp > 1)")
 
     # pipeline layout and schedule
-    layer_split: Literal["single", "even", "embedding_loss", "uneven"] = Field(
+    layer_split: Literal["single", "even", "embedding_loss", "uneven", "layout"] = Field(
         description="single: pp = 1; even: L/(pp*vp) per virtual stage; embedding_loss: the embedding and the loss count as "
-        "a layer each; uneven: first and last rank as given, the middle ranks split the rest evenly"
+        "a layer each; uneven: first and last rank as given, the middle ranks split the rest evenly; layout: the same where "
+        "vp does not divide the first or last rank's layers, launched as the pipeline_layout (costmodel.layout)"
     )
     first_stage_layers: int = Field(ge=0, description="transformer layers on the first pipeline rank")
     last_stage_layers: int = Field(ge=0, description="transformer layers on the last pipeline rank")
     middle_stage_layers: int = Field(ge=0, description="transformer layers on each middle rank (0 when pp <= 2)")
     pipeline_layout: str | None = Field(
         default=None, description="a heterogeneous layout (Megatron-Core's --pipeline-model-parallel-layout: E t m L per virtual "
-        "stage, `|` between stages) found by `mofa solve --pipeline-layouts`; it replaces the split above")
+        "stage, `|` between stages) found by `mofa solve --pipeline-layouts`, or the layout split written out; it replaces "
+        "the split above")
     pp_schedule: PPSchedule
     pp_group: int | None = Field(default=None, description="flexible schedule: micro-batches per round (nc)")
 
@@ -178,6 +180,12 @@ def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchP
     dp_cp = dp * spec.cp
     shard = spec.dp_shard or dp_cp
     interval = spec.checkpoint_interval if isinstance(spec.checkpoint_interval, int) else checkpoint_interval
+    split = "single" if pp == 1 else layout_name(L, pp, vp, first, last)
+    layout = None
+    if split == "layout":  # no split flag expresses it: the layout string is the launch's only way
+        from costmodel.stage_layout import megatron_layout
+
+        layout = megatron_layout(L, m.mtp_layers, pp, vp, first, last).to_megatron()
     return LaunchPlan(
         problem=problem.name or "",
         hardware=problem.hardware.name,
@@ -187,9 +195,10 @@ def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchP
         num_nodes=cl.num_nodes,
         tp=spec.tp, cp=spec.cp, pp=pp, vp=vp, dp=dp, ep=spec.ep, etp=spec.etp,
         sequence_parallel=spec.tp > 1 and tr.sequence_parallel,
-        layer_split="single" if pp == 1 else layout_name(L, pp, vp, first, last),
+        layer_split=split,
         first_stage_layers=first, last_stage_layers=last,
         middle_stage_layers=(L - first - last) // (pp - 2) if pp > 2 else 0,
+        pipeline_layout=layout,
         pp_schedule=spec.pp_schedule, pp_group=spec.pp_group,
         cp_comm=spec.cp_comm, cp_a2a=spec.cp_a2a,
         zero_stage=spec.zero_stage, reshard_after_forward=bool(spec.reshard_after_forward),

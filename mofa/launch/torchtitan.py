@@ -64,7 +64,7 @@ def check(plan: LaunchPlan) -> None:
     applies under `--framework torchtitan` (a heterogeneous pipeline layout is chosen after the
     search, so it is refused here)."""
     if plan.pipeline_layout is not None:
-        refuse(NAME, "a heterogeneous pipeline layout (--pipeline-layouts) is Megatron-Core's --pipeline-model-parallel-layout; "
+        refuse(NAME, "a pipeline layout (--pipeline-layouts, or a layer split only a layout expresses) is Megatron-Core's --pipeline-model-parallel-layout; "
                "this exporter only splits layers evenly")
     check_rules(plan, NAME)
 

@@ -97,3 +97,33 @@ def test_megatron_gets_the_layout_recompute(plan):
     uneven[uneven.index(1)] = 0
     with pytest.raises(ValueError, match="one N"):
         launch_recompute(chosen.with_recompute(uneven))
+
+
+DEEPSEEK = PROBLEMS / "tuning" / "deepseek_v3_1024gpu_sn8.yaml"
+
+
+def test_a_degree_only_a_layout_splits_is_searched_and_launched():
+    """DeepSeek-V3 (61 layers, an MTP module) on pp 16 x vp 2: Megatron's split flags admit no
+    split (costmodel.layout), so until the layout split the search found nothing there. Now it
+    finds the layout split's configurations, and the plan launches with its layout string, the
+    only way Megatron-Core runs it."""
+    from optimizer.search import solve
+
+    problem = load_problem(str(DEEPSEEK), ["search.pp=[16]", "search.vp=[2]", "search.framework=megatron"])
+    result = solve(problem, "cpsat")
+    assert result.status == "optimal"
+    plan = result.plans(problem)[0]
+    assert (plan.pp, plan.vp, plan.layer_split, plan.first_stage_layers, plan.last_stage_layers) == (16, 2, "layout", 2, 3)
+    layout = StageLayout.from_megatron(plan.pipeline_layout, 16, 2)
+    assert layout.decoders == (1,) + (2,) * 15 + (1,) + (2,) * 14 + (1,) and layout.mtp[-1] == 1
+    flags = megatron_flags(plan)
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == plan.pipeline_layout
+    assert "--decoder-first-pipeline-num-layers" not in flags and "--num-virtual-stages-per-pipeline-rank" not in flags
+    assert f'model.pipeline_model_parallel_layout="{plan.pipeline_layout}"' in bridge_overrides(plan)
+    with pytest.raises(ExportError, match="pipeline layout"):
+        torchtitan_args(plan)
+    # without the layout split the same search admits nothing, and says it is the split
+    narrowed = load_problem(str(DEEPSEEK), ["search.pp=[16]", "search.vp=[2]", "search.framework=megatron",
+                                            "search.layer_split=[even, embedding_loss, uneven]"])
+    none = solve(narrowed, "cpsat")
+    assert none.status == "infeasible" and "lay the layers out" in none.explanation
