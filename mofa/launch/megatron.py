@@ -240,10 +240,18 @@ def bridge_overrides(plan: LaunchPlan) -> list[str]:
         # must be set there too, or a bf16 reduction silently becomes fp32
         f"mixed_precision.grad_reduce_in_fp32={mode_of(dt.grads == 'fp32')}",
         f"comm_overlap.tp_comm_overlap={mode_of(p.tp_overlap)}",
+        # with dp > 1 the recipe's CommOverlapConfig turns the DP overlaps on at launch unless told
+        f"comm_overlap.overlap_grad_reduce={mode_of(p.dp_overlap)}",
+        f"comm_overlap.overlap_param_gather={mode_of(p.dp_overlap and p.zero_stage >= 1)}",
         f"comm_overlap.overlap_p2p_comm={mode_of(p.pp_overlap)}",
         f"optimizer.optimizer_cpu_offload={mode_of(p.cpu_optimizer)}",
         f"optimizer.optimizer_offload_fraction={1.0 if p.cpu_optimizer else 0.0}",
         f"optimizer.use_precision_aware_optimizer={mode_of(p.cpu_optimizer)}",
+        # fp32 master weights, main gradients and Adam states, as the plan's ledger counts them (the
+        # optimizer_dtype rule): the DeepSeek-V3 recipe keeps bf16 main gradients and first moments
+        # under its precision-aware optimizer, which Megatron-Core refuses once that is off. The Bridge
+        # turns a "torch.<dtype>" string back into the torch dtype these fields hold.
+        *(f"optimizer.{name}=torch.float32" for name in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")),
     ]
     if dt.compute in BRIDGE_FP8:  # Megatron-LM's --fp8-format (and recipe) above, as the Bridge's fields
         fmt, recipe = BRIDGE_FP8[dt.compute]

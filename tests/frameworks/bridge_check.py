@@ -104,6 +104,10 @@ def read_back(cfg, overrides: list[str]):
         node = cfg
         for part in key.split("."):
             node = getattr(node, part)
+        if type(node).__module__ == "torch" and type(node).__name__ == "dtype":
+            node = str(node)  # "torch.float32", as the override writes it
+        elif type(node).__name__ == "PipelineParallelLayerLayout":
+            node = str(node)  # TransformerConfig parsed the layout string; it prints it back
         yield key, value, (list(node) if isinstance(node, tuple) else node)
 
 

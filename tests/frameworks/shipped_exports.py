@@ -39,6 +39,9 @@ NARROWED = {
     "megatron": ["search.framework=megatron"],
     "torchtitan": ["search.framework=torchtitan", "training.dtypes.grads=fp32"],
     "deepspeed": ["search.framework=deepspeed"],
+    # DeepSeek-V3's own pipeline degree: no split flag splits 61 layers over pp 16 x vp 2, so
+    # the plan is launched with the layout split's --pipeline-model-parallel-layout
+    "megatron-layout": ["search.framework=megatron", "search.pp=[16]", "search.vp=[2]"],
 }
 #: torchtitan's only Llama 3 405B config function quantizes its GEMMs to fp8 (Float8LinearConverter)
 NARROWED_EXTRA = {("torchtitan", "llama3-405b"): ["training.dtypes.compute=fp8"]}
@@ -49,9 +52,11 @@ QUICK = (("llama3_405b_16384xh100_seq8k", "default"), ("llama3_405b_16384xh100_s
          ("llama3_405b_16384xh100_seq8k", "torchtitan"), ("llama3_405b_8192gpu_gbs8192", "default"),
          ("table5_llama3_405b_64gpu", "default"), ("deepseek_v3_1024gpu_sn8", "default"),
          ("deepseek_v3_8192gpu_sn256", "default"), ("table5_deepseek_v3_128gpu", "default"),
-         ("deepseek_v3_1024gpu_sn8", "deepspeed"), ("llama2_70b_128gpu", "default"), ("llama2_70b_128gpu", "deepspeed"))
+         ("deepseek_v3_1024gpu_sn8", "deepspeed"), ("deepseek_v3_1024gpu_sn8", "megatron-layout"), ("llama2_70b_128gpu", "default"),
+         ("llama2_70b_128gpu", "deepspeed"))
 #: which export format each narrowed search serves
-NARROWED_FORMATS = {"megatron": ("megatron", "megatron-bridge"), "torchtitan": ("torchtitan",), "deepspeed": ("deepspeed",)}
+NARROWED_FORMATS = {"megatron": ("megatron", "megatron-bridge"), "torchtitan": ("torchtitan",), "deepspeed": ("deepspeed",),
+                    "megatron-layout": ("megatron", "megatron-bridge")}
 
 
 def need(module: str):

@@ -159,9 +159,13 @@ def test_megatron_core_accepts_every_exported_script():
         assert tf.num_layers == p.model.num_layers and tf.num_attention_heads == p.model.num_heads, e.name
         if p.model.moe:
             assert (tf.num_moe_experts, tf.expert_model_parallel_size, tf.moe_router_topk) == (p.model.moe.num_experts, p.ep, p.model.moe.top_k), e.name
+        if p.pipeline_layout is not None:  # parsed and checked against the layers and MTP modules by Megatron-Core
+            assert tf.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size == p.vp, e.name
         models.add(p.model.name)
     print(f"Megatron-Core accepted {len(files)} scripts of {sorted({e.problem for e in files})}")
     assert {"llama3-405b", "deepseek-v3"} <= models
+    # the layout split (costmodel.layout): DeepSeek-V3 on pp 16 x vp 2, launchable only by a layout string
+    assert any(e.plan.layer_split == "layout" and e.plan.pipeline_layout for e in files)
 
 
 def test_megatron_core_rejects_broken_scripts():
