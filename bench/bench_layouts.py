@@ -53,7 +53,8 @@ def cases():
     """(name, problem, skeleton, baselines). The skeletons: Llama 3 405B as Meta trained it at
     8K (tp 8, pp 16, vp 8 on 16,384 H100s; the paper's section 3.1.2), with cp 2 so that
     Megatron's split fits 80 GB, and without (cp 1) where it does not; DeepSeek-V3 on 2048 of
-    MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2)."""
+    MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2), as the
+    homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last)."""
     llama = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_16384xh100_seq8k.yaml"), ["config=null"])
     common = dict(tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
     llama_baselines = {"even by count": balanced_layout(126, 0, 16, 8), "first/last -1 (Llama 3, embedding+loss)": megatron_layout(126, 0, 16, 8, 7, 7)}
@@ -63,8 +64,10 @@ def cases():
     yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, per-chunk recompute", llama, ConfigBatch.from_columns(16384, **common, **full),
            with_recompute_baselines(llama_baselines))
     ds = load_problem(os.path.join(ROOT, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"])
-    ds_common = dict(tp=4, pp=16, vp=2, ep=64, mbs=1, first_layers=4, last_layers=3, zero_stage=1, pp_overlap=1, dp_overlap=1)
-    ds_baselines = {"even by count": balanced_layout(61, 1, 16, 2), "first/last (Megatron-LM recipe)": StageLayout.from_megatron("Et*3|(tt|)*29,|mL", 16, 2)}
+    # the layout split (costmodel.layout): no split flag splits 61 layers over pp 16 x vp 2
+    ds_common = dict(tp=4, pp=16, vp=2, ep=64, mbs=1, first_layers=2, last_layers=3, zero_stage=1, pp_overlap=1, dp_overlap=1)
+    ds_baselines = {"even by count": balanced_layout(61, 1, 16, 2), "first/last (Megatron-LM recipe)": StageLayout.from_megatron("Et*3|(tt|)*29,|mL", 16, 2),
+                    "layout split (mofa solve's skeleton)": megatron_layout(61, 1, 16, 2, 2, 3)}
     yield "DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64", ds, ConfigBatch.from_columns(2048, **ds_common), ds_baselines
     yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64, per-chunk recompute", ds,
            ConfigBatch.from_columns(2048, **ds_common, **full), with_recompute_baselines(ds_baselines))
