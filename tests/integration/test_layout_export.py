@@ -122,6 +122,12 @@ def test_a_degree_only_a_layout_splits_is_searched_and_launched():
     assert f'model.pipeline_model_parallel_layout="{plan.pipeline_layout}"' in bridge_overrides(plan)
     with pytest.raises(ExportError, match="pipeline layout"):
         torchtitan_args(plan)
+    # --pipeline-layouts starts from the split itself: the search takes it, and is never worse
+    from optimizer.layout_search import layout_report
+
+    report, found = layout_report(problem, result.top_configs.take([0]), time_limit_s=3.0)
+    assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
+    assert report["applied"] == (found is not None)
     # without the layout split the same search admits nothing, and says it is the split
     narrowed = load_problem(str(DEEPSEEK), ["search.pp=[16]", "search.vp=[2]", "search.framework=megatron",
                                             "search.layer_split=[even, embedding_loss, uneven]"])
