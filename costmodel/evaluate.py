@@ -347,7 +347,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
 
     parts = {k: [] for k in ("compute", "recompute", "tp", "cp", "ep", "fsdp", "offload", "overhead")}
     chunk_overhead = hw.efficiency.stage_overhead_us * US  # per chunk, per pass
-    fwd, bwd, wgrad, layer_bounds = [], [], [], []
+    fwd, bwd, wgrad, layer_bounds, windows_exposed = [], [], [], [], []
     for k, rank in enumerate(ranks):
         def both(name):  # summed over the layer kinds the rank holds
             return sum(count * getattr(kind, name) for count, kind in zip(rank.counts, lc.kinds))
@@ -377,7 +377,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         f = f + rank.last * lc.head_forward
 
         # ZeRO-2/3 traffic inside the pipeline, per step, spread over the micro-batches
-        fsdp, fsdp_f = zero, zero
+        fsdp, fsdp_f, window_exposed = zero, zero, zero
         if x.any_zero2:
             dense_p, expert_p = params[k]
             per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
@@ -403,19 +403,26 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
             # one overlap budget: a window's reduce-scatter hides behind the compute between two
             # windows that the parameter prefetches of the same stretch do not already overlap
             stage_gap = (micro * per_mb - prefetch_used) / gaps
-            fsdp = fsdp + window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe)
-            fsdp = fsdp / micro
+            window_exposed = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe) / micro
+            fsdp = fsdp / micro + window_exposed
         parts["fsdp"].append(fsdp)
         parts["overhead"].append(2.0 * v * chunk_overhead if chunk_overhead else zero)
         f = f + v * chunk_overhead + fsdp_f
         fwd.append(f)
         bwd.append(sum(p[-1] for p in parts.values()) - f)
         wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad if x.any_dualpipev else zero)
+        windows_exposed.append(window_exposed)
 
     per_rank = [fwd[k] + bwd[k] for k in range(3)]
     hop = net.p2p_hop(lc.hop_bytes, groups.pp)
     chunk_f, chunk_b, chunk_w = fwd[1] / v, bwd[1] / v, wgrad[1] / v
-    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap)
+    # DualPipeV's bubble weighs the passes' own chunks: a gradient window's exposed
+    # reduce-scatter stalls once per window and stays in R_r. Booked to the backward chunk, the
+    # exposure an overlap adds where it shortens the forward (less compute to hide it behind)
+    # moved time from F to B, which the bubble weighs twice: TP overlap made a ZeRO-3 DualPipeV
+    # step of Llama 3 405B slower (+1 ms) with alpha = beta = 1
+    bubble_b = (bwd[1] - windows_exposed[1]) / v
+    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap, bubble_b=bubble_b)
 
     # memory per rank class; the optimizer step of the rank with the most to do
     mc = memory_context(problem)

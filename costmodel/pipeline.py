@@ -214,10 +214,12 @@ class PipelineTime:
     pp_overlap_floor: np.ndarray  # ... and the part overlap cannot hide (warm-up and cool-down chains)
 
 
-def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, chunk_w, pp_overlap_coef) -> PipelineTime:
+def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, chunk_w, pp_overlap_coef,
+                  bubble_b=None) -> PipelineTime:
     """rank_work: per-micro-batch forward+backward time of the first, second and last rank
     classes; chunk_f/chunk_b/chunk_w: forward, backward and its weight-gradient part of one
-    virtual-stage chunk of the busiest middle rank (eq. 23, DualPipeV's bubble).
+    virtual-stage chunk of the busiest middle rank (eq. 23, DualPipeV's bubble); bubble_b: the
+    backward chunk DualPipeV's bubble weighs, without the once-per-window stalls (default chunk_b).
 
     1f1b, interleaved, flexible and afab: T = m * max_r R_r + (sum_r R_r - max_r R_r) / vp, the
     bubble ratio (pp - 1) / (m * vp) of Narayanan et al. and Llama 3 section 3.1.1 for equal
@@ -232,7 +234,8 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
     bubble = fill_and_drain_s(total_work, r_max, v)
     if vee.any():
-        bubble = np.where(vee, (p - 1) * np.maximum(chunk_f + 2.0 * chunk_b - 3.0 * chunk_w, 0.0), bubble)
+        bubble_b = chunk_b if bubble_b is None else bubble_b
+        bubble = np.where(vee, (p - 1) * np.maximum(chunk_f + 2.0 * bubble_b - 3.0 * chunk_w, 0.0), bubble)
 
     no_overlap = (p > 1) * (2 * microbatches * v + 2 * (p - 1)) * hop
     c = pp_overlap_coef
