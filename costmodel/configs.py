@@ -256,18 +256,21 @@ class Derived:
 def resolve_spec(problem: Problem, spec: ConfigSpec) -> dict[str, int]:
     """Numeric columns of a ConfigSpec: etp defaults to tp; the layer split follows
     `first_stage_layers`/`last_stage_layers` if given, else `layer_split` ('auto' picks even,
-    then embedding_loss, then uneven, then layout -- the first the layer count admits); the schedule
+    then embedding_loss, then uneven, then layout -- the first the layer count admits; under
+    DualPipeV its own split, costmodel.layout.vee_split); the schedule
     defaults to Megatron's (interleaved when vp > 1); features as given; the interval defaults
     to the fault_tolerance section's. Settings that mean the same are written one way (block
     recompute of every layer of a stage is uniform recompute of one layer; an HSDP group as large
     as dp*cp is no HSDP), so every configuration has one canonical row."""
-    from costmodel.layout import SPLIT_MODES, split_layers
+    from costmodel.layout import SPLIT_MODES, split_layers, vee_split
 
     L = problem.model.num_layers
     if spec.first_stage_layers is not None or spec.last_stage_layers is not None:
         even_first, even_last = (int(x[0]) for x in split_layers(L, np.array([spec.pp]), np.array([spec.vp]), "uneven"))
         first = spec.first_stage_layers if spec.first_stage_layers is not None else even_first
         last = spec.last_stage_layers if spec.last_stage_layers is not None else even_last
+    elif spec.pp_schedule == "dualpipev" and spec.layer_split in ("auto", "uneven"):
+        first, last = (int(x[0]) for x in vee_split(L, np.array([spec.pp])))  # the even split where 2pp divides L
     else:
         modes = SPLIT_MODES if spec.layer_split == "auto" else (spec.layer_split,)
         first = last = 0

@@ -288,8 +288,8 @@ def _torchtitan_rules() -> tuple[Rule, ...]:
              "the flexible schedule's round size (nc != pp) has no flag: Interleaved1F1B rounds by pp",
              lambda f, c: (c.pp > 1) & (c.pp_schedule == S["flexible"])),
         Rule("uneven_interleaved", ("pp", "vp", "first_layers", "last_layers"),
-             "uneven first/last ranks with virtual stages: torchtitan shortens only the first and last virtual stage",
-             lambda f, c: uneven(f, c) & (c.vp > 1)),
+             "uneven first/last ranks with virtual stages: torchtitan shortens only the first and last virtual stage (rank 0's under DualPipeV's V: its split, costmodel.layout.vee_split, is exported)",
+             lambda f, c: uneven(f, c) & (c.vp > 1) & (c.pp_schedule != S["dualpipev"])),  # under the V both are rank 0's
         Rule("shorter_ends_only", ("pp", "vp", "first_layers", "last_layers"),
              "a first or last rank with more layers than the middle ranks: torchtitan only shortens them",
              lambda f, c: longer_ends(f, c) & (c.vp == 1)),

@@ -20,6 +20,14 @@ rank; the other ranks share the rest evenly, each over vp virtual stages. Four l
     by rank like the others (costmodel.pipeline.rank_classes), charging an edge rank's virtual
     stages their mean layers where they differ by one (costmodel.memory); the layout search
     scores each stage as it is (costmodel.stage_layout).
+DualPipeV (V shape: rank r holds virtual stages r and 2pp-1-r, so rank 0 holds both ends, the
+embedding and the head) has a split of its own, vee_split: every rank but the first the same
+even number of layers, ceil(L/pp) rounded up to even, and the first rank the rest (at least
+one), which it spreads over its two stages, the extra one on the embedding's. On DeepSeek-V3's
+61 layers over pp 16 that is 1 layer with the embedding, head and MTP on rank 0 and 4 (2 + 2)
+on the others; where 2pp divides L it is the even split. torchtitan's DualPipeV launches it
+with --parallelism.pipeline-parallel-first/last-stage-less-layers (its first and last stages
+are rank 0's under the V).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.arrays import divides, floor_div
+from costmodel.specs import PP_SCHEDULES
 
 SPLIT_MODES = ("even", "embedding_loss", "uneven", "layout")
 #: the splits Megatron's split flags express (the rest need a --pipeline-model-parallel-layout)
@@ -73,6 +82,25 @@ def split_layers(num_layers: int, pp, vp, mode: str):
     raise ValueError(f"unknown layer split {mode!r}")
 
 
+def vee_split(num_layers: int, pp):
+    """(first, last) rank layers of DualPipeV's split (module docstring); 0 where it does not
+    apply (pp = 1, or too few layers to leave the first rank one)."""
+    pp = np.asarray(pp)
+    mid = np.ceil(num_layers / np.maximum(pp, 1) / 2) * 2  # ceil(L / pp) rounded up to even
+    first = num_layers - (pp - 1) * mid
+    ok = (pp > 1) & (first >= 1)
+    return np.where(ok, first, 0 * pp), np.where(ok, mid, 0 * pp)
+
+
+def vee_split_ok(num_layers: int, cfg) -> np.ndarray:
+    """The split is one DualPipeV runs as the exact model reads it: every rank but the first
+    (rank pp-1 included: under the V it is a middle rank) the same even layer count, two alike
+    stages, and the first rank at least one layer."""
+    L, p, F, La = num_layers, cfg.pp, cfg.first_layers, cfg.last_layers
+    rest = L - F - La
+    return (p > 1) & (F >= 1) & (La >= 2) & divides(2, La) & (rest == np.maximum(p - 2, 0) * La)
+
+
 def flag_split_ok(num_layers: int, cfg) -> np.ndarray:
     """Megatron's split flags express the split: even or uneven ranks with multiples of vp per
     rank, or the embedding/loss-accounted layout."""
@@ -98,18 +126,23 @@ def split_ok(num_layers: int, cfg) -> np.ndarray:
 
 
 def needs_layout(num_layers: int, cfg) -> np.ndarray:
-    """Rows whose split only a --pipeline-model-parallel-layout launches."""
-    return split_ok(num_layers, cfg) & ~flag_split_ok(num_layers, cfg)
+    """Rows whose split only a --pipeline-model-parallel-layout launches (not DualPipeV's: its
+    own split, vee_split, is torchtitan's first/last-stage flags, and Megatron has no DualPipeV)."""
+    vee = getattr(cfg, "pp_schedule", None)
+    vee = False if vee is None else vee == PP_SCHEDULES.index("dualpipev")
+    return split_ok(num_layers, cfg) & ~flag_split_ok(num_layers, cfg) & ~vee
 
 
 def middle_layers(num_layers: int, cfg) -> np.ndarray:
     return np.where(cfg.pp > 2, floor_div(num_layers - cfg.first_layers - cfg.last_layers, np.maximum(cfg.pp - 2, 1)), cfg.last_layers)
 
 
-def layout_name(num_layers: int, pp: int, vp: int, first: int, last: int) -> str:
+def layout_name(num_layers: int, pp: int, vp: int, first: int, last: int, vee: bool = False) -> str:
+    """The split's name: a flag split's mode, "layout" where only a layout string expresses it,
+    "uneven" otherwise (DualPipeV's uneven split among them: `vee`)."""
     for mode in FLAG_SPLIT_MODES:
         f, la = split_layers(num_layers, np.array([pp]), np.array([vp]), mode)
         if f[0] == first and la[0] == last and f[0] > 0:
             return mode
     row = SimpleNamespace(pp=np.array([pp]), vp=np.array([vp]), first_layers=np.array([first]), last_layers=np.array([last]))
-    return "layout" if needs_layout(num_layers, row)[0] else "uneven"
+    return "layout" if needs_layout(num_layers, row)[0] and not vee else "uneven"

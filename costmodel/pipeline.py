@@ -71,11 +71,17 @@ def stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int, vee: b
     rank r holds stages r, r+pp, ...; the embedding/loss-accounted layout gives the first and the
     last stage one layer less; otherwise a rank's layers split evenly over its stages (as evenly
     as they go where vp does not divide them: the layout split). DualPipeV:
-    2*pp stages in a V, rank r holding stages r and 2pp-1-r."""
+    2*pp stages in a V, rank r holding stages r and 2pp-1-r; `first` is rank 0's layers (both
+    ends: the extra one on stage 0, with the embedding, away from the head), the other ranks
+    split theirs over two stages (costmodel.layout.vee_split)."""
     if vee:
         stages = 2 * pp
         rank = np.array([s if s < pp else 2 * pp - 1 - s for s in range(stages)])
-        return np.full(stages, num_layers // stages), rank
+        middle = max((num_layers - first - last) // (pp - 2), 0) if pp > 2 else last
+        own = np.where(rank == 0, first, np.where(rank == pp - 1, last, middle))
+        # the rank's extra layer on its stage nearer the model's start
+        sizes = own // 2 + (own % 2) * (np.arange(stages) < pp)
+        return sizes, rank
     stages = pp * vp
     rank = np.arange(stages) % pp
     if pp == 1:

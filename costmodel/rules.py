@@ -22,7 +22,7 @@ from costmodel.configs import (
     ConfigBatch,
 )
 from costmodel.frameworks import framework_violations, facts_of, rule_of
-from costmodel.layout import middle_layers, split_layers, split_ok
+from costmodel.layout import middle_layers, split_ok, vee_split_ok
 from costmodel.specs import FEATURES, ConfigSpec, Problem
 
 S = PP_SCHEDULE_CODES
@@ -45,7 +45,7 @@ RULES: dict[str, tuple[str, str]] = {
     "schedule_needs_pp": ("pp_schedule", "without pipeline parallelism (pp=1) the schedule is 1f1b"),
     "schedule_vp": ("pp_schedule", "1f1b runs one stage per rank (vp=1); interleaved_1f1b and flexible need vp>1; dualpipev needs vp=2"),
     "pp_group": ("pp_group", "the flexible schedule needs pp < nc <= micro-batches with the micro-batches a multiple of nc; other schedules take no nc"),
-    "dualpipev_layout": ("pp_schedule", "DualPipeV needs the even layer split (every virtual stage the same layers)"),
+    "dualpipev_layout": ("pp_schedule", "DualPipeV needs its V split: every rank but the first the same even number of layers, the first at least one"),
     "gbs_divisible": ("mbs", "global_batch_size must be divisible by mbs*dp"),
     "microbatches_ge_pp": ("mbs", "the number of micro-batches must be at least pp (bs >= pp)"),
     "microbatches_interleave": ("mbs", "with interleaved 1F1B the number of micro-batches must be a multiple of pp"),
@@ -125,7 +125,8 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     out["world_size"] = d == 0
     out["dp_matches"] = np.zeros(len(cfg), bool)
     out["tp_in_domain"] = t > tp_domain(problem)
-    out["layers_split"] = ~split_ok(m.num_layers, cfg)
+    vee = sched == S["dualpipev"]  # its own split (dualpipev_layout below)
+    out["layers_split"] = ~split_ok(m.num_layers, cfg) & ~vee
     out["vp_needs_pp"] = (v > 1) & ~((p > 2) | ((p > 1) & (cfg.pp_overlap == 1)) | ((p > 1) & (sched != S["interleaved_1f1b"])))
 
     # schedules
@@ -135,8 +136,7 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
         [v != 1, v != 2, v == 1],
         False,
     )
-    ef, _ = split_layers(m.num_layers, p, v, "even")
-    out["dualpipev_layout"] = (sched == S["dualpipev"]) & ~((ef > 0) & (cfg.first_layers == ef) & (cfg.last_layers == ef))
+    out["dualpipev_layout"] = vee & ~vee_split_ok(m.num_layers, cfg)
 
     dd = np.maximum(d, 1)
     out["gbs_divisible"] = (d == 0) | ~divides(mbs * dd, tr.global_batch_size)

@@ -874,7 +874,8 @@ class SearchSpec(Spec):
     layer_split: list[SplitMode] = Field(
         default=["even", "embedding_loss", "uneven", "layout"],
         description="layer layouts the search may use (costmodel.layout.split_layers; layout: where Megatron's split flags "
-        "admit no split of pp x vp, a --pipeline-model-parallel-layout)"
+        "admit no split of pp x vp, a --pipeline-model-parallel-layout; DualPipeV takes its V split, costmodel.layout.vee_split, "
+        "under uneven, or under even where 2pp divides the layers)"
     )
     pp_schedule: list[PPSchedule] = Field(
         default=list(PP_SCHEDULES), description="pipeline schedules the search may use (where pp > 1)"

@@ -34,7 +34,7 @@ from costmodel.configs import (
     offload_code,
 )
 from costmodel.frameworks import FRAMEWORK_RULES, rule_key, rule_of
-from costmodel.layout import SPLIT_MODES, split_layers
+from costmodel.layout import SPLIT_MODES, split_layers, vee_split
 from costmodel.rules import op_sac_modelled, tp_domain, violations
 from costmodel.specs import FEATURES, Problem
 
@@ -187,6 +187,14 @@ class SearchSpace:
         for mode in self.split_modes:
             first, last = split_layers(m.num_layers, p, v, mode)
             ok = first > 0
+            parts.append((t[ok], c[ok], p[ok], v[ok], e[ok], etp[ok], mbs[ok], first[ok], last[ok]))
+        if "dualpipev" in self.problem.search.pp_schedule:
+            # DualPipeV's own split (costmodel.layout.vee_split): the even one where 2pp divides
+            # L, else an uneven first rank (the schedules attached below and the rules pair it
+            # with DualPipeV only)
+            first, last = vee_split(m.num_layers, p)
+            even = (first == last) & (p * first == m.num_layers)
+            ok = (v == 2) & (first > 0) & np.where(even, "even" in self.split_modes, "uneven" in self.split_modes)
             parts.append((t[ok], c[ok], p[ok], v[ok], e[ok], etp[ok], mbs[ok], first[ok], last[ok]))
         if not parts:
             return empty

@@ -54,6 +54,14 @@ def _layout(p: LaunchPlan) -> tuple[int, int, int]:
         return L // stages, 0, 0
     if p.layer_split == "embedding_loss":
         return (L + 2) // stages, 1, 1
+    if p.pp_schedule == "dualpipev":
+        # the V: stage 0 and the last stage are rank 0's (costmodel.pipeline.stage_sizes), the
+        # ones torchtitan shortens; every other stage holds `per`
+        from costmodel.pipeline import stage_sizes
+
+        sizes, _ = stage_sizes(L, p.pp, 2, p.first_stage_layers, p.last_stage_layers, True)
+        per = int(sizes[1])
+        return per, per - int(sizes[0]), per - int(sizes[-1])
     # the rules uneven_interleaved and shorter_ends_only refuse other uneven splits
     per = p.middle_stage_layers if p.pp > 2 else max(p.first_stage_layers, p.last_stage_layers)
     return per, per - p.first_stage_layers, per - p.last_stage_layers

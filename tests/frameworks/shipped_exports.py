@@ -42,21 +42,23 @@ NARROWED = {
     # DeepSeek-V3's own pipeline degree: no split flag splits 61 layers over pp 16 x vp 2, so
     # the plan is launched with the layout split's --pipeline-model-parallel-layout
     "megatron-layout": ["search.framework=megatron", "search.pp=[16]", "search.vp=[2]"],
+    # DualPipeV on pp 16: Llama 3 405B's 126 layers take its uneven V split (6 on rank 0, 8 elsewhere)
+    "torchtitan-dualpipev": ["search.framework=torchtitan", "training.dtypes.grads=fp32", "search.pp=[16]", "search.pp_schedule=[dualpipev]"],
 }
 #: torchtitan's only Llama 3 405B config function quantizes its GEMMs to fp8 (Float8LinearConverter)
-NARROWED_EXTRA = {("torchtitan", "llama3-405b"): ["training.dtypes.compute=fp8"]}
+NARROWED_EXTRA = {("torchtitan", "llama3-405b"): ["training.dtypes.compute=fp8"], ("torchtitan-dualpipev", "llama3-405b"): ["training.dtypes.compute=fp8"]}
 #: one solve takes ~15 s on the 2-core machine, so CI solves these (problem, search) pairs, one
 #: or more per model (~1.5 min); MOFA_FRAMEWORK_ALL=1 solves every shipped problem with the
 #: default search and each narrowed one (~110 solves, ~10 min)
 QUICK = (("llama3_405b_16384xh100_seq8k", "default"), ("llama3_405b_16384xh100_seq8k", "megatron"),
-         ("llama3_405b_16384xh100_seq8k", "torchtitan"), ("llama3_405b_8192gpu_gbs8192", "default"),
+         ("llama3_405b_16384xh100_seq8k", "torchtitan"), ("llama3_405b_16384xh100_seq8k", "torchtitan-dualpipev"), ("llama3_405b_8192gpu_gbs8192", "default"),
          ("table5_llama3_405b_64gpu", "default"), ("deepseek_v3_1024gpu_sn8", "default"),
          ("deepseek_v3_8192gpu_sn256", "default"), ("table5_deepseek_v3_128gpu", "default"),
          ("deepseek_v3_1024gpu_sn8", "deepspeed"), ("deepseek_v3_1024gpu_sn8", "megatron-layout"), ("llama2_70b_128gpu", "default"),
          ("llama2_70b_128gpu", "deepspeed"))
 #: which export format each narrowed search serves
 NARROWED_FORMATS = {"megatron": ("megatron", "megatron-bridge"), "torchtitan": ("torchtitan",), "deepspeed": ("deepspeed",),
-                    "megatron-layout": ("megatron", "megatron-bridge")}
+                    "megatron-layout": ("megatron", "megatron-bridge"), "torchtitan-dualpipev": ("torchtitan",)}
 
 
 def need(module: str):

@@ -63,6 +63,39 @@ def test_torchtitan_accepts_every_exported_script():
     assert "llama3-405b" in models
 
 
+def test_torchtitan_splits_layers_as_the_plan():
+    """torchtitan's own stage split (pipeline_parallel._get_pipeline_metadata, the per-stage module
+    lists and the rank -> stage map: "v" style under DualPipeV, rank 0 holding the first and the
+    last stage) puts on every stage the layers the exact model priced (costmodel.pipeline.stage_sizes),
+    DualPipeV's uneven split among them (costmodel.layout.vee_split)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from torchtitan.distributed import pipeline_parallel as tt
+
+    from costmodel.pipeline import stage_sizes
+
+    piped = [e for e in accepted("torchtitan") if e.plan.pp > 1]
+    assert piped, "no accepted torchtitan export runs a pipeline"
+    schedules = set()
+    for e in piped:
+        cfg, dims = check(e.text)
+        p = e.plan
+        L = p.model.num_layers
+        stages, layers, first_weight, last_weight = tt._get_pipeline_metadata(dims, cfg.parallelism, SimpleNamespace(layers=[None] * L))
+        parts = tt._generate_llm_fqn_per_model_part(stages, layers, first_weight, last_weight)
+        per_stage = [sum(name.startswith("layers.") for name in part) for part in parts]
+        vee = p.pp_schedule == "dualpipev"
+        sizes, rank = stage_sizes(L, p.pp, p.vp, p.first_stage_layers, p.last_stage_layers, vee)
+        assert per_stage == sizes.tolist(), e.name
+        for r in range(p.pp):
+            mine = tt._get_pp_rank_to_stage_indices_mapping(r, p.pp, cfg.parallelism.pipeline_parallel_schedule, stages)
+            assert sorted(mine) == np.flatnonzero(rank == r).tolist(), (e.name, r)
+        schedules.add((p.pp_schedule, p.layer_split))
+    print(f"torchtitan stage splits agree on {len(piped)} exports: {sorted(schedules)}")
+    assert ("dualpipev", "uneven") in schedules  # DualPipeV's uneven V split (QUICK's torchtitan-dualpipev)
+
+
 def test_torchtitan_rejects_broken_scripts():
     text = accepted("torchtitan")[0].text
     args, world = script_args(text), script_world(text)

@@ -128,8 +128,12 @@ def test_a_degree_only_a_layout_splits_is_searched_and_launched():
     report, found = layout_report(problem, result.top_configs.take([0]), time_limit_s=3.0)
     assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
     assert report["applied"] == (found is not None)
-    # without the layout split the same search admits nothing, and says it is the split
-    narrowed = load_problem(str(DEEPSEEK), ["search.pp=[16]", "search.vp=[2]", "search.framework=megatron",
-                                            "search.layer_split=[even, embedding_loss, uneven]"])
-    none = solve(narrowed, "cpsat")
+    # without the layout split the same search admits nothing: among Megatron's schedules it
+    # says it is the split; with DualPipeV searched too, the model admits its V split (1 / 4
+    # layers, costmodel.layout.vee_split) and the explanation names Megatron's rule against it
+    flags_only = ["search.pp=[16]", "search.vp=[2]", "search.framework=megatron", "search.layer_split=[even, embedding_loss, uneven]"]
+    megatron_schedules = "search.pp_schedule=[1f1b, interleaved_1f1b, flexible, afab]"
+    none = solve(load_problem(str(DEEPSEEK), [*flags_only, megatron_schedules]), "cpsat")
     assert none.status == "infeasible" and "lay the layers out" in none.explanation
+    vee = solve(load_problem(str(DEEPSEEK), flags_only), "cpsat")
+    assert vee.status == "infeasible" and vee.explanation.startswith("Megatron-LM") and "no_dualpipev cuts" in vee.explanation

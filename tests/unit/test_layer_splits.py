@@ -1,22 +1,25 @@
 """Layer splits over pipeline ranks and virtual stages (costmodel.layout, costmodel.pipeline.stage_sizes):
-the split flags' three splits, and the layout split for the (pp, vp) none of them admits."""
+the split flags' three splits, the layout split for the (pp, vp) none of them admits, and
+DualPipeV's V split."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.layout import FLAG_SPLIT_MODES, flag_split_ok, layout_name, needs_layout, split_layers, split_ok
+from costmodel.configs import PP_SCHEDULE_CODES
+from costmodel.layout import FLAG_SPLIT_MODES, flag_split_ok, layout_name, needs_layout, split_layers, split_ok, vee_split, vee_split_ok
 from costmodel.pipeline import stage_sizes
 from costmodel.stage_layout import StageLayout, megatron_layout
 
 
 class Rows:
-    """pp, vp and first/last layers as split_ok reads them from a ConfigBatch."""
+    """pp, vp, first/last layers (and the schedule) as split_ok reads them from a ConfigBatch."""
 
-    def __init__(self, pp, vp, first, last):
+    def __init__(self, pp, vp, first, last, schedule="interleaved_1f1b"):
         self.pp, self.vp = np.atleast_1d(pp), np.atleast_1d(vp)
         self.first_layers, self.last_layers = np.atleast_1d(first), np.atleast_1d(last)
+        self.pp_schedule = np.full(len(self.pp), PP_SCHEDULE_CODES[schedule])
 
 
 def one(num_layers, pp, vp, mode):
@@ -78,3 +81,42 @@ def test_every_split_lays_out_every_layer(num_layers, pp, vp):
             assert chunks.max() - chunks.min() <= 1
         layout = megatron_layout(num_layers, 0, pp, vp, first, last)
         assert StageLayout.from_megatron(layout.to_megatron(), pp, vp).decoders == layout.decoders
+
+
+def test_deepseek_v3_under_dualpipev_takes_the_v_split():
+    """61 layers over pp 16 under DualPipeV: no 2pp-stage split is even, so every rank but the
+    first holds 4 (2 per stage) and rank 0, which holds both ends of the V (embedding, head,
+    MTP), the one layer left, on the embedding's stage; torchtitan's first/last-stage flags
+    give the same stages (tests/frameworks)."""
+    first, last = (int(x[0]) for x in vee_split(61, np.array([16])))
+    assert (first, last) == (1, 4)
+    assert vee_split_ok(61, Rows(16, 2, 1, 4, "dualpipev"))[0]
+    sizes, rank = stage_sizes(61, 16, 2, first, last, True)
+    assert sizes.tolist() == [1] + [2] * 30 + [0]
+    assert rank[0] == rank[-1] == 0 and np.bincount(rank, weights=sizes).tolist() == [1] + [4] * 15
+    # Megatron's layout split of the same (pp, vp) is not one DualPipeV runs, nor is it a layout under it
+    assert not vee_split_ok(61, Rows(16, 2, 2, 3, "dualpipev"))[0]
+    assert not needs_layout(61, Rows(16, 2, 2, 3, "dualpipev"))[0]
+    assert layout_name(61, 16, 2, 1, 4, vee=True) == "uneven"
+
+
+def test_the_v_split_is_the_even_one_where_2pp_divides_the_layers():
+    assert [int(x[0]) for x in vee_split(64, np.array([16]))] == [4, 4]
+    assert stage_sizes(64, 16, 2, 4, 4, True)[0].tolist() == [2] * 32
+    assert [int(x[0]) for x in vee_split(3, np.array([4]))] == [0, 0]  # too few layers: no split
+
+
+@settings(max_examples=300, deadline=None)
+@given(num_layers=st.integers(2, 160), pp=st.integers(2, 32))
+def test_every_v_split_lays_out_every_layer(num_layers, pp):
+    """Where it applies, the V split holds every layer, every rank but the first the same even
+    count (two alike stages), the first no more than the others, and DualPipeV's rule accepts it."""
+    first, last = (int(x[0]) for x in vee_split(num_layers, np.array([pp])))
+    if first == 0:
+        return
+    assert vee_split_ok(num_layers, Rows(pp, 2, first, last, "dualpipev"))[0]
+    sizes, rank = stage_sizes(num_layers, pp, 2, first, last, True)
+    per_rank = np.bincount(rank, weights=sizes, minlength=pp)
+    assert sizes.sum() == num_layers and sizes.min() >= 0
+    assert per_rank[0] == first <= last and (per_rank[1:] == last).all() and last % 2 == 0
+    assert (sizes[1:-1] == last // 2).all() and sizes[0] >= sizes[-1] >= sizes[0] - 1

@@ -8,9 +8,11 @@ from conftest import PROBLEMS
 from costmodel.configs import CP_COMM_CODES, OFFLOAD_MODULE_BITS, PP_SCHEDULE_CODES, RECOMPUTE_MODULE_BITS, ConfigBatch
 from costmodel.documents import document_mask_work
 from costmodel.evaluate import evaluate, layer_costs
+from costmodel.layout import vee_split
 from costmodel.loader import ProblemError, load_problem
 from costmodel.memory import MEMORY_KEYS
 from costmodel.rules import violations
+from costmodel.specs import ConfigSpec
 from costmodel.units import GIB
 
 LLAMA3_8K = str(PROBLEMS / "tuning" / "llama3_405b_16384xh100_seq8k.yaml")
@@ -198,6 +200,27 @@ def test_dualpipev_holds_both_ends_on_rank_zero():
     assert int(ev.worst_rank[0]) == 0  # embedding, head and loss all on the first rank
     wrong = ConfigBatch.from_columns(128, tp=8, pp=4, vp=1, first_layers=20, last_layers=20, mbs=1, pp_schedule=PP_SCHEDULE_CODES["dualpipev"])
     assert violations(problem, wrong)["schedule_vp"][0]
+
+
+def test_dualpipev_runs_its_uneven_v_split():
+    """Llama 2 70B's 80 layers over pp 6 under DualPipeV: 12 stages do not split them evenly,
+    so every rank but the first holds 14 (7 a stage) and rank 0, with both ends of the V, the
+    10 left. The rules accept it and resolve 'auto' to it; a split that is not the V's is
+    dualpipev_layout's, not layers_split's, to explain."""
+    problem = load_problem(SMALL, ["config=null", "hardware=h100-sxm"])
+    L = problem.model.num_layers
+    first, last = (int(x[0]) for x in vee_split(L, np.array([6])))
+    assert first < last and first + 5 * last == L
+    row = dict(tp=8, pp=6, vp=2, mbs=1, pp_schedule=PP_SCHEDULE_CODES["dualpipev"], pp_overlap=1)
+    G = 8 * 6 * 2
+    good = ConfigBatch.from_columns(G, first_layers=first, last_layers=last, **row)
+    assert not any(bad[0] for bad in violations(problem, good).values())
+    ev = evaluate(problem, good)
+    assert int(ev.worst_rank[0]) != 0  # rank 0's fewer layers make up for the embedding and head
+    bad = violations(problem, ConfigBatch.from_columns(G, first_layers=last, last_layers=first, **row))
+    assert bad["dualpipev_layout"][0] and not bad["layers_split"][0]
+    spec = ConfigSpec(tp=8, pp=6, vp=2, pp_schedule="dualpipev")  # 'auto' resolves to the V split
+    assert ConfigBatch.from_specs(problem, [spec]).first_layers[0] == first
 
 
 @pytest.mark.parametrize("override,field", [
