@@ -16,14 +16,14 @@ import numpy as np
 from costmodel import architecture as arch
 from costmodel.arrays import argmax3, blend, pick3, unique_rows
 from costmodel.compute import ComputeModel
-from costmodel.configs import CP_COMM_CODES, MOE_CHUNKS_AUTO, ConfigBatch
+from costmodel.configs import CP_COMM_CODES, MOE_CHUNKS_AUTO, PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.documents import attention_factor
 from costmodel.flops import convention_flops_per_token, mfu_convention, recompute_flops_per_token
 from costmodel.bounds import ideal_network, kind_bounds, step_bounds
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, collectives, kind_costs, layer_time
 from costmodel.memory import MEMORY_KEYS, communicator_count, choose_bin, memory_context, rank_memory, rank_params
 from costmodel.network import Network
-from costmodel.pipeline import RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
+from costmodel.pipeline import PipelinePasses, RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
 from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import MOE_CHUNK_BINS, Problem
@@ -67,6 +67,8 @@ class Evaluation:
     e2e_time_s: np.ndarray | None
     moe_chunks: np.ndarray  # MemFine FCDA chunks scored (MACT's choice where the configuration says auto)
     lower_bounds_s: dict[str, np.ndarray] | None  # costmodel.bounds: the step's compute, memory and communication bounds (BOUND_KEYS); None unless asked
+    pipeline_s: np.ndarray  # the pipeline's part of the step (steady state, bubble, exposed P2P): step less DP and update
+    passes: PipelinePasses  # the pass times and hop it was priced from (costmodel.twin replays them)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -415,13 +417,22 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
 
     per_rank = [fwd[k] + bwd[k] for k in range(3)]
     hop = net.p2p_hop(lc.hop_bytes, groups.pp)
-    chunk_f, chunk_b, chunk_w = fwd[1] / v, bwd[1] / v, wgrad[1] / v
+    # the busiest middle rank's chunks: rank 1's, and under DualPipeV's V also rank pp - 1's (a
+    # middle rank there, with no head): with an MoE model's leading dense layers on rank 1, the
+    # all-MoE ranks after it pace the V (the replay, costmodel.twin, put DeepSeek-V3 on pp 16
+    # 0.3% slower than a bubble of rank 1's chunks)
+    last_paces_vee = (cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]) & (per_rank[2] > per_rank[1])
+
+    def middle(passes):  # one pass of the busiest middle rank, per chunk
+        return blend(last_paces_vee, passes[2], passes[1]) / v
+
+    chunk_f, chunk_b, chunk_w = middle(fwd), middle(bwd), middle(wgrad)
     # DualPipeV's bubble weighs the passes' own chunks: a gradient window's exposed
     # reduce-scatter stalls once per window and stays in R_r. Booked to the backward chunk, the
     # exposure an overlap adds where it shortens the forward (less compute to hide it behind)
     # moved time from F to B, which the bubble weighs twice: TP overlap made a ZeRO-3 DualPipeV
     # step of Llama 3 405B slower (+1 ms) with alpha = beta = 1
-    bubble_b = (bwd[1] - windows_exposed[1]) / v
+    bubble_b = chunk_b - middle(windows_exposed)
     pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap, bubble_b=bubble_b)
 
     # memory per rank class; the optimizer step of the rank with the most to do
@@ -500,4 +511,6 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         e2e_time_s=e2e,
         moe_chunks=cfg.moe_chunks,
         lower_bounds_s=bounds,
+        pipeline_s=pipe.total,
+        passes=PipelinePasses(tuple(fwd), tuple(bwd), tuple(wgrad), hop),
     )

@@ -14,7 +14,9 @@ per-rank times, so heterogeneous stages slot in.
 
 Which zero-bubble-family schedule: DualPipeV (DeepSeek's "cut-in-half" DualPipe; in DeepSeek's
 repository and torchtitan). It is the one with a published closed form for its bubble and
-memory (DeepSeek-V3 report Table 2 and the DualPipe README), it is what DeepSeek-V3 trained with
+memory (DeepSeek-V3 report Table 2 and the DualPipe README; the event simulation of PyTorch's
+order, costmodel.schedule_sim.dualpipev_ops, confirms the memory and corrects the bubble where
+the forward or the weight gradient outlasts the input gradient), it is what DeepSeek-V3 trained with
 (our H800 validation point), and its forward/backward pairing is the EP-overlap the model
 already has (eq. 22). Megatron's combined 1F1B is that EP overlap (ep_overlap); torchtitan's
 ZBV has no published closed form to check a model against.
@@ -39,6 +41,15 @@ with sequence parallelism, as Megatron's get_tensor_shapes sends it):
     micro-batch for afab): each adds max(beta*tau - k*chunk, (alpha-1)*min(k*chunk, beta*tau))
     (beta slowing the hop, alpha the compute it overlaps), while the warm-up and cool-down
     chains keep vp*pp - 1 exposed hops each (MoFa eqs. 9 and 11 count exactly these).
+  * DualPipeV sends a step's outputs when the step ends, an overlapped pair's forward output
+    included (dualpipev.py's _forward_backward_chunk, torch's ScheduleDualPipeV runtime), and
+    its steady state has no slack: every rank's next pair waits on its neighbours' last ones.
+    The event simulation of the schedule (costmodel.schedule_sim.dualpipev_ops) exposes
+    2 * (pp - 1) / pp hops per micro-batch in the steady state (a micro-batch crosses the V's
+    2 * (pp - 1) links while pp micro-batches share the cycle), on top of the warm-up and
+    cool-down chains (2 * (2pp - 1) hops, as above). DeepSeek's in-house kernels send the
+    forward's output inside the pair and report PP communication fully hidden (V3 report
+    section 3.2.1); the model prices the code the exports launch.
 """
 
 from __future__ import annotations
@@ -100,6 +111,20 @@ def stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int, vee: b
     return sizes, rank
 
 
+def layers_by_rank(kind_of_layer, num_kinds: int, pp: int, vp: int, first: int, last: int, vee: bool) -> np.ndarray:
+    """[pp, num_kinds]: how many layers of each kind every pipeline rank holds, the layers laid
+    out in model order over stage_sizes' stages."""
+    kinds = np.asarray(kind_of_layer)
+    n_layers = len(kinds)
+    sizes, rank = stage_sizes(n_layers, pp, vp, first, last, vee)
+    layer_rank = np.repeat(rank, np.maximum(sizes, 0))[:n_layers]
+    # a layout whose stages hold fewer layers than the model (DualPipeV's 2*pp equal stages of a
+    # layer count they do not divide): the rest belong to no rank; the layers_split and
+    # dualpipev_layout rules reject such rows, but the scorer must not fail on them
+    layer_rank = np.pad(layer_rank, (0, n_layers - len(layer_rank)), constant_values=-1)
+    return np.stack([np.bincount(kinds[layer_rank == r], minlength=num_kinds) for r in range(pp)])
+
+
 def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> tuple[RankLayers, RankLayers, RankLayers]:
     """First, second and last rank (they coincide when pp is 1 or 2), with the kinds of the
     layers each holds, laid out exactly as the framework lays them out (stage_sizes): layer
@@ -109,7 +134,6 @@ def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> 
     the first and the last virtual stage, so the embedding and the head."""
     p, v = cfg.pp, cfg.vp
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
-    n_layers = len(kind_of_layer)
     kinds = np.asarray(kind_of_layer)
     columns = [p, v, cfg.first_layers, cfg.last_layers, vee * 1.0]
     key = np.zeros(len(p), dtype=np.int64)
@@ -119,14 +143,7 @@ def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> 
     layouts = np.stack([c[first_row] for c in columns], axis=1)
     table = np.zeros((len(layouts), 3, num_kinds))  # layout x rank class x kind
     for i, (pp, vp, first, last, v_shape) in enumerate(layouts.astype(int)):
-        sizes, rank = stage_sizes(n_layers, pp, vp, first, last, bool(v_shape))
-        layer_rank = np.repeat(rank, np.maximum(sizes, 0))[:n_layers]
-        # a layout whose stages hold fewer layers than the model (DualPipeV's 2*pp equal stages
-        # of a layer count they do not divide): the rest belong to no rank; the layers_split and
-        # dualpipev_layout rules reject such rows, but the scorer must not fail on them
-        layer_rank = np.pad(layer_rank, (0, n_layers - len(layer_rank)), constant_values=-1)
-        for c, r in enumerate((0, min(1, pp - 1), pp - 1)):
-            table[i, c] = np.bincount(kinds[layer_rank == r], minlength=num_kinds)
+        table[i] = layers_by_rank(kinds, num_kinds, pp, vp, first, last, bool(v_shape))[[0, min(1, pp - 1), pp - 1]]
     inverse = inverse.ravel()
     counts = [[table[inverse, c, k] for k in range(num_kinds)] for c in range(3)]
     return (
@@ -211,6 +228,20 @@ def pipeline_compute_s(rank_work, microbatches, vp) -> float:
 
 
 @dataclass(frozen=True)
+class PipelinePasses:
+    """What pipeline_time prices, per rank class (first, middle, last; costmodel.pipeline.
+    rank_classes): one micro-batch's forward and whole backward over all the rank's virtual
+    stages, the weight-gradient part of that backward (DualPipeV splits it off; zero for other
+    schedules), and one P2P hop. Kept for the digital twin (costmodel.twin), which replays the
+    schedule op by op on these times."""
+
+    forward_s: tuple[np.ndarray, np.ndarray, np.ndarray]
+    backward_s: tuple[np.ndarray, np.ndarray, np.ndarray]
+    weight_s: tuple[np.ndarray, np.ndarray, np.ndarray]
+    hop_s: np.ndarray
+
+
+@dataclass(frozen=True)
 class PipelineTime:
     total: np.ndarray
     bubble: np.ndarray
@@ -229,9 +260,15 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
 
     1f1b, interleaved, flexible and afab: T = m * max_r R_r + (sum_r R_r - max_r R_r) / vp, the
     bubble ratio (pp - 1) / (m * vp) of Narayanan et al. and Llama 3 section 3.1.1 for equal
-    ranks. DualPipeV: m * max_r R_r + (pp - 1) * (F&B + B - 3W) per chunk (DeepSeek-V3 report
-    Table 2, with PP/2 = pp devices), F&B = F + B: what overlapping a forward with a backward
-    hides is the expert all-to-all, which ep_overlap (eq. 22) already takes off."""
+    ranks. DualPipeV: m * max_r R_r + (pp - 1) * (F + max(F, I) + max(I - W, 0)) per chunk, I = B - W
+    the input-gradient part. DeepSeek-V3 report Table 2 gives (PP/2 - 1)(F&B + B - 3W), with
+    PP/2 = pp devices and F&B = F + B (overlapping a forward with a backward hides the expert
+    all-to-all, which ep_overlap, eq. 22, already takes off): F + 2I - W, the same where I >= F
+    and I >= W (B = 2F, W = F gives 2F either way). Where the forward or the weight gradient
+    outlasts the input gradient the V still fills and drains its forwards, and the event
+    simulation of PyTorch's DualPipeV order gives the form used here, exact up to the V's tip
+    (never below the simulation, at most one chunk above: tests/unit/test_schedules.py), which
+    also sets the steady-state hops (module docstring)."""
     p, v = cfg.pp, cfg.vp
     r0, r1, r2 = rank_work
     r_max = np.maximum(np.maximum(r0, r1), r2)
@@ -241,7 +278,9 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     bubble = fill_and_drain_s(total_work, r_max, v)
     if vee.any():
         bubble_b = chunk_b if bubble_b is None else bubble_b
-        bubble = np.where(vee, (p - 1) * np.maximum(chunk_f + 2.0 * bubble_b - 3.0 * chunk_w, 0.0), bubble)
+        chunk_i = bubble_b - chunk_w  # the input-gradient part of the backward
+        per_rank = chunk_f + np.maximum(chunk_f, chunk_i) + np.maximum(chunk_i - chunk_w, 0.0)
+        bubble = np.where(vee, (p - 1) * per_rank, bubble)
 
     no_overlap = (p > 1) * (2 * microbatches * v + 2 * (p - 1)) * hop
     c = pp_overlap_coef
@@ -251,6 +290,8 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
         return beyond_window(hop, slack * chunk, c)
 
     steady_hidden = microbatches * v * (exposed(chunk_f) + exposed(chunk_b))
+    if vee.any():  # no slack to hide a hop behind: beta * hop each
+        steady_hidden = np.where(vee, microbatches * 2.0 * (p - 1) / p * exposed(0.0 * chunk_f), steady_hidden)
     floor = (p > 1) * 2 * (v * p - 1) * hop
     pp = blend((cfg.pp_overlap == 1) | vee, floor + steady_hidden, no_overlap)
     return PipelineTime(steady + bubble + pp, bubble, pp, argmax3(r0, r1, r2), no_overlap, floor)

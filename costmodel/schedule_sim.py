@@ -5,7 +5,7 @@ uniform ranks and count hops by phase; this module replays a schedule op by op i
 can check those forms and price what they do not cover (heterogeneous ranks, hop latency
 against chunk time, rounds of more than pp micro-batches).
 
-Schedules as per-rank operation lists (`schedule_ops`). Every schedule here is Megatron-LM's
+Schedules as per-rank operation lists (`schedule_ops`). Every schedule but DualPipeV is Megatron-LM's
 1F1B loop with a different warm-up count: rank r runs `warmup` forwards, then alternates one
 forward and one backward, then runs the remaining backwards. The k-th forward (backward) of a
 rank is the k-th virtual micro-batch of Megatron's interleaved order, `group` consecutive
@@ -23,10 +23,15 @@ and rank r's local chunk c is the global virtual stage c * pp + r.
     round, warm-up (vp - 1) * nc + 2 * (pp - r - 1) -- Megatron's formula with group = nc.
   * afab: all forwards, then all backwards (GPipe, Huang et al. 2019; with vp > 1 the "looped"
     breadth-first order of Lamy-Poirier 2023 when group = m): warm-up m * vp.
-DualPipe / DualPipeV (DeepSeek) are not implemented: their step structure (two micro-batches
-overlapped in one step, deferred weight gradients popped from a queue) is not reproduced here
-from a verified copy of dualpipev.py, and a guessed schedule would be a wrong oracle. `Op` and
-`simulate` support split backward (B = input gradient, W = weight gradient) for such schedules.
+  * dualpipev: DeepSeek's DualPipeV ("cut-in-half" DualPipe, github.com/deepseek-ai/DualPipe,
+    MIT; DeepSeek-V3 report section 3.2.1), as PyTorch ports it
+    (torch.distributed.pipelining.ScheduleDualPipeV._calculate_single_rank_operations, torch
+    2.13): vp = 2 stages per rank in a V (rank r holds stages r and 2pp - 1 - r), m >= 2pp, eight
+    phases per rank (`dualpipev_ops`), input- and weight-gradient passes split in the warm-up and
+    cool-down (weight gradients deferred through a queue), and the steady state run as
+    overlapped pairs: a forward of one stage with the full backward of the other. The order is
+    checked against PyTorch's own (tests/data/dualpipev_order.json, regenerated from torch by
+    the framework tests).
 
 Simulation (`simulate`). Each rank runs its list strictly in order; an op starts at
 max(the rank is free, its inputs have arrived):
@@ -36,11 +41,15 @@ an input from another rank arriving hop_s after its producer finished. With asyn
 is also busy for hop_s after each op whose output leaves the rank. Because no rank reorders its
 list, the earliest-start times are the event times of a discrete-event simulation; ops are
 resolved in dependency order, and a cycle (a rank waiting on itself through others) is reported
-as a deadlock. Not modelled: contention between compute and communication, links shared by
+as a deadlock. A group of ops in one list entry (a tuple: DualPipeV's full backward (B, W) and
+its overlapped forward-and-backward pair (F, B, W)) runs as one op: it starts once every input
+from outside the group has arrived, takes the sum of its ops' times (overlapping a forward with
+a backward hides their communication, not their compute: DeepSeek's F&B) and releases all its
+outputs at its end. Not modelled: contention between compute and communication, links shared by
 concurrent transfers, the rendezvous of blocking send/recv pairs, and the optimizer step.
 
 In flight: the stage micro-batches of a rank whose F has finished and whose B (input-gradient
-part) has not -- the activations the rank holds. Since a rank's count changes only when one of
+part) has not -- the activations the rank holds (a group's forward counted before its backward). Since a rank's count changes only when one of
 its own ops ends, the peak over time is the peak over its op list, the quantity of MoFa eq. 5.
 """
 
@@ -50,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEDULES = ("1f1b", "interleaved_1f1b", "flexible", "afab")
+SCHEDULES = ("1f1b", "interleaved_1f1b", "flexible", "afab", "dualpipev")
 OP_KINDS = ("F", "B", "W")
 
 
@@ -67,6 +76,16 @@ class Op:
     def __post_init__(self):
         if self.kind not in OP_KINDS:
             raise ValueError(f"Op kind must be one of {OP_KINDS}, got {self.kind!r}")
+
+
+# One entry of a rank's list: an op, or a group of ops run as one (DualPipeV's full backward
+# (B, W) and its overlapped pair (F, B, W)).
+Entry = Op | tuple[Op, ...]
+
+
+def flat_ops(rank_ops: list[Entry]) -> list[Op]:
+    """A rank's ops in order, groups unpacked."""
+    return [op for entry in rank_ops for op in (entry if isinstance(entry, tuple) else (entry,))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,7 +145,77 @@ def _rank_ops(rank: int, pp: int, vp: int, microbatches: int, group: int, warmup
     return ops
 
 
-def schedule_ops(schedule: str, pp: int, vp: int, microbatches: int, group: int | None = None) -> list[list[Op]]:
+def dualpipev_ops(pp: int, microbatches: int) -> list[list[Entry]]:
+    """DualPipeV's per-rank order: DeepSeek's dualpipev.py as PyTorch ports it
+    (ScheduleDualPipeV._calculate_single_rank_operations, torch 2.13), phase by phase. Rank r
+    holds stages s0 = r and s1 = 2pp - 1 - r. A forward takes its stage's next micro-batch; an
+    input-gradient pass (B alone) its stage's next backward micro-batch and queues the weight
+    gradient, which a later W pops (oldest first); a full backward is the group (B, W); an
+    overlapped pair is (F, B, W) of two different stages."""
+    _check_count("pp", pp)
+    _check_count("microbatches", microbatches)
+    if microbatches < 2 * pp:
+        raise ValueError(f"dualpipev needs microbatches >= 2 * pp = {2 * pp} (one per stage), got {microbatches}")
+    ranks = []
+    for r in range(pp):
+        s0, s1 = r, 2 * pp - 1 - r
+        next_f = {s0: 0, s1: 0}
+        next_b = {s0: 0, s1: 0}
+        weights: list[Op] = []  # deferred weight gradients, oldest first
+        ops: list[Entry] = []
+
+        def forward(stage):
+            next_f[stage] += 1
+            return Op("F", stage, next_f[stage] - 1)
+
+        def input_grad(stage):
+            next_b[stage] += 1
+            weights.append(Op("W", stage, next_b[stage] - 1))
+            return Op("B", stage, next_b[stage] - 1)
+
+        def full_backward(stage):
+            next_b[stage] += 1
+            return (Op("B", stage, next_b[stage] - 1), Op("W", stage, next_b[stage] - 1))
+
+        def backward(stage, split):
+            return input_grad(stage) if split else full_backward(stage)
+
+        def pending_weight():
+            if weights:
+                ops.append(weights.pop(0))
+
+        ops += [forward(s0) for _ in range(2 * (pp - r - 1))]  # 1: F0
+        for _ in range(r + 1):  # 2: F0 F1
+            ops += [forward(s0), forward(s1)]
+        for _ in range(pp - r - 1):  # 3: I1 W F1 (zero bubble)
+            ops.append(input_grad(s1))
+            pending_weight()
+            ops.append(forward(s1))
+        for i in range(microbatches - 2 * pp + r + 1):  # 4: (F0 B1) (F1 B0), the main step
+            if i == 0 and r == pp - 1:  # the V's tip: not overlapped, to shorten the bubble
+                ops += [forward(s0), full_backward(s1)]
+            else:
+                ops.append((forward(s0),) + full_backward(s1))
+            ops.append((forward(s1),) + full_backward(s0))
+        for _ in range(pp - r - 1):  # 5: B1 (F1 B0)
+            ops.append(full_backward(s1))
+            ops.append((forward(s1),) + full_backward(s0))
+        split = False  # 6: B1 B0, the second half with weight gradients deferred
+        for i in range(r + 1):
+            split = split or (i == (r + 1) // 2 and r % 2 == 1)
+            ops.append(backward(s1, split))
+            split = split or (i == (r + 1) // 2 and r % 2 == 0)
+            ops.append(backward(s0, split))
+        for _ in range(pp - r - 1):  # 7: W B0
+            pending_weight()
+            ops.append(backward(s0, split))
+        for _ in range(r + 1):  # 8: W
+            pending_weight()
+        ranks.append(ops)
+    return ranks
+
+
+def schedule_ops(schedule: str, pp: int, vp: int, microbatches: int, group: int | None = None) -> list[list[Entry]]:
     """Ordered operations of each pipeline rank for a schedule (see the module docstring).
 
     group: micro-batches per chunk before the next chunk -- Megatron's
@@ -141,6 +230,10 @@ def schedule_ops(schedule: str, pp: int, vp: int, microbatches: int, group: int 
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
     m = microbatches
 
+    if schedule == "dualpipev":
+        if vp != 2 or group is not None:
+            raise ValueError(f"dualpipev holds vp = 2 stages per rank in a V and takes no group, got vp={vp}, group={group}")
+        return dualpipev_ops(pp, m)
     if schedule == "1f1b":
         if vp != 1:
             raise ValueError(f"1f1b is the non-interleaved schedule: vp must be 1, got vp={vp} (use interleaved_1f1b)")
@@ -202,12 +295,12 @@ class _Layout:
     vp: int
 
 
-def _layout(ops: list[list[Op]]) -> _Layout:
+def _layout(ops: list[list[Entry]]) -> _Layout:
     if not ops:
         raise ValueError("ops must hold one op list per pipeline rank, got none")
     rank_of: dict[int, int] = {}
     for rank, rank_ops in enumerate(ops):
-        for op in rank_ops:
+        for op in flat_ops(rank_ops):
             if rank_of.setdefault(op.stage, rank) != rank:
                 raise ValueError(f"stage {op.stage} appears on ranks {rank_of[op.stage]} and {rank}")
     stages = len(rank_of)
@@ -227,12 +320,12 @@ def _layout(ops: list[list[Op]]) -> _Layout:
     )
 
 
-def _check_complete(ops: list[list[Op]], stages: int) -> tuple[int, bool]:
+def _check_complete(ops: list[list[Entry]], stages: int) -> tuple[int, bool]:
     """Every (stage, micro-batch) has exactly one F and one B, and one W for all or none.
     Returns (micro-batches, whether backward is split)."""
     seen: dict[str, set] = {kind: set() for kind in OP_KINDS}
     for rank_ops in ops:
-        for op in rank_ops:
+        for op in flat_ops(rank_ops):
             key = (op.stage, op.microbatch)
             if key in seen[op.kind]:
                 raise ValueError(f"duplicate op {op}")
@@ -295,9 +388,9 @@ def _sends(op: Op, layout: _Layout, last_stage: int) -> bool:
     return False
 
 
-def _peak_in_flight(rank_ops: list[Op]) -> int:
+def _peak_in_flight(rank_ops: list[Entry]) -> int:
     held = peak = 0
-    for op in rank_ops:
+    for op in flat_ops(rank_ops):
         if op.kind == "F":
             held += 1
             peak = max(peak, held)
@@ -307,7 +400,7 @@ def _peak_in_flight(rank_ops: list[Op]) -> int:
 
 
 def simulate(
-    ops: list[list[Op]], forward_s, backward_s, hop_s: float, weight_s=None, p2p_blocking: bool = False
+    ops: list[list[Entry]], forward_s, backward_s, hop_s: float, weight_s=None, p2p_blocking: bool = False
 ) -> SimResult:
     """Replay per-rank op lists (from `schedule_ops` or built by hand) and time them.
 
@@ -334,14 +427,18 @@ def simulate(
     if not np.isfinite(hop_s) or hop_s < 0:
         raise ValueError(f"hop_s must be finite seconds >= 0, got {hop_s}")
 
-    # Per op, once: duration, inputs, and how long the rank stays blocked sending its output.
+    # Per entry, once: its ops' keys, duration, inputs from outside it, and how long the rank
+    # stays blocked sending its outputs.
     plans = []
     for rank, rank_ops in enumerate(ops):
         plan = []
-        for op in rank_ops:
-            duration = float(seconds[op.kind][rank, layout.chunk_of_stage[op.stage]])
-            send_s = hop_s if p2p_blocking and _sends(op, layout, last_stage) else 0.0
-            plan.append(((op.kind, op.stage, op.microbatch), duration, _inputs(op, layout, last_stage), send_s))
+        for entry in rank_ops:
+            group = entry if isinstance(entry, tuple) else (entry,)
+            keys = [(op.kind, op.stage, op.microbatch) for op in group]
+            duration = sum(float(seconds[op.kind][rank, layout.chunk_of_stage[op.stage]]) for op in group)
+            inputs = [i for op in group for i in _inputs(op, layout, last_stage) if i[0] not in keys]
+            sends = sum(_sends(op, layout, last_stage) for op in group)
+            plan.append((keys, duration, inputs, hop_s * sends if p2p_blocking else 0.0))
         plans.append(plan)
 
     end_of: dict[tuple[str, int, int], float] = {}
@@ -356,14 +453,14 @@ def simulate(
         for rank, plan in enumerate(plans):
             i = next_op[rank]
             while i < len(plan):
-                key, duration, inputs, send_s = plan[i]
+                keys, duration, inputs, send_s = plan[i]
                 if any(producer not in end_of for producer, _ in inputs):
                     break  # wait for another rank; revisit on the next sweep
                 arrival_s = max((end_of[p] + (hop_s if crosses else 0.0) for p, crosses in inputs), default=0.0)
                 start = max(free_s[rank], arrival_s)
                 end = start + duration
                 starts[rank][i], ends[rank][i] = start, end
-                end_of[key] = end
+                end_of.update((key, end) for key in keys)
                 free_s[rank] = end + send_s
                 blocked_s[rank] += send_s
                 i += 1

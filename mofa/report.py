@@ -119,7 +119,27 @@ def render_evaluation(problem_name: str, result: dict) -> str:
             f"reliability: ETTR {100 * result['ettr']:.2f}% with a checkpoint every {result['checkpoint_interval']} steps "
             f"(save {result['checkpoint_save_s']:.2f} s); end-to-end {duration(result['e2e_time_s'])}"
         )
+    if "pipeline_replay" in result:
+        out.append(render_replay(result["pipeline_replay"]))
     return "\n".join(out)
+
+
+def render_replay(replay: dict) -> str:
+    """The digital twin's line: the replayed pipeline against the closed form, idle time and
+    activations in flight per rank."""
+    if "refused" in replay:
+        return f"pipeline replay: not replayed: {replay['refused']}"
+    idle, held, model = replay["idle_s"], replay["peak_in_flight"], replay["model_in_flight"]
+    shape = f"pp {replay['pp']}" + (f" x vp {replay['vp']}" if replay["vp"] > 1 else "")
+    flight = f"{min(held)}-{max(held)}" if min(held) != max(held) else f"{held[0]}"
+    agree = ("as the memory model counts" if held == model else
+             f"the memory model counts {min(model)}-{max(model)} (ranks {', '.join(str(r) for r, (a, b) in enumerate(zip(held, model)) if a != b)} differ)")
+    return (f"pipeline replay ({replay['schedule']}, {shape}, {replay['microbatches']} micro-batches; costmodel.twin): "
+            f"{replay['simulated_s']:.4f} s op by op against {replay['closed_form_s']:.4f} s in the closed form "
+            f"({100 * replay['difference']:+.2f}%)\n  idle per rank {min(idle):.4f}-{max(idle):.4f} s; "
+            f"chunk activations held at the peak {flight}, {agree}"
+            + (f"\n  ranks {', '.join(str(r) for r in replay['approximate_ranks'])} hold other layers than rank 1 and are "
+               "replayed (and priced) with its times" if replay["approximate_ranks"] else ""))
 
 
 def render_solve(problem, out: dict) -> str:

@@ -95,3 +95,21 @@ def progress_printer(args, prefix: str):
         print(f"{prefix}{r['method']}: {r['leaves']:,} leaves, {r['nodes']:,} nodes, {r['elapsed_s']:.0f} s, best {best}", file=sys.stderr, flush=True)
 
     return report
+
+
+def add_simulate_option(parser, what: str) -> None:
+    parser.add_argument("--simulate", action="store_true",
+                        help=f"replay {what}'s pipeline schedule op by op on the pass times the model priced (MoFa's digital "
+                             "twin, costmodel.twin) and report it next to the closed form (default: off)")
+
+
+def pipeline_replay(problem, cfg) -> dict:
+    """The digital twin's replay of the first configuration of a batch, as JSON: the replay,
+    or {"refused": why} where there is nothing to replay."""
+    from costmodel.evaluate import evaluate
+    from costmodel.twin import TwinError, replay_pipeline
+
+    try:
+        return replay_pipeline(problem, evaluate(problem, cfg), cfg, 0).as_dict()
+    except TwinError as exc:
+        return {"refused": str(exc)}

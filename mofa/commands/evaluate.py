@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from costmodel.loader import ProblemError
-from mofa.commands._common import add_convention_option, add_json_option, add_set_option, convention_sets, emit, stamped, with_interval
+from mofa.commands._common import (add_convention_option, add_json_option, add_set_option, add_simulate_option, convention_sets, emit, pipeline_replay,
+                                   stamped, with_interval)
 
 NAME = "evaluate"
 HELP = "score one configuration of a problem"
@@ -14,6 +15,7 @@ def add_arguments(p) -> None:
     p.add_argument("problem", help="problem file (YAML)")
     add_set_option(p, "tp=8, training.seq_len=4096")
     add_convention_option(p)
+    add_simulate_option(p, "the configuration")
     add_json_option(p)
 
 
@@ -29,6 +31,8 @@ def run(args) -> int:
     batch = ConfigBatch.from_specs(problem, [problem.config])
     result = evaluate(problem, batch, bounds=True).as_dict(0, batch)
     result = with_interval(problem, result)
+    if args.simulate:
+        result["pipeline_replay"] = pipeline_replay(problem, batch)
     if args.json:  # the typed launch plan `mofa export` reads
         from mofa.launch.plan import build_plan
 

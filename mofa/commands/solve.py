@@ -10,7 +10,8 @@ import sys
 
 from costmodel.loader import ProblemError
 from mofa.atomic import check_target, write_file_set
-from mofa.commands._common import EXIT_INFEASIBLE, add_convention_option, add_json_option, add_progress_option, add_set_option, convention_sets, load_for_search, progress_printer, stamped, with_interval
+from mofa.commands._common import (EXIT_INFEASIBLE, add_convention_option, add_json_option, add_progress_option, add_set_option, add_simulate_option,
+                                   convention_sets, load_for_search, pipeline_replay, progress_printer, stamped, with_interval)
 from mofa.report import finite
 
 NAME = "solve"
@@ -34,6 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("--pareto", action="store_true",
                    help="solve every candidate cluster (search.num_gpus, search.hardware) and report the certified Pareto front of "
                         "(time to train, GPUs or cost, ETTR) (default: off)")
+    add_simulate_option(p, "the best configuration")
     add_framework_option(p)
     add_progress_option(p)
     add_set_option(p, "search.tp=[4,8], training.seq_len=4096")
@@ -63,7 +65,7 @@ def add_distinct_option(p) -> None:
 
 
 def run(args) -> int:
-    from mofa.report import render_solve
+    from mofa.report import render_replay, render_solve
 
     if args.top < 1:
         print("mofa solve: --top must be at least 1", file=sys.stderr)
@@ -83,7 +85,7 @@ def run(args) -> int:
             return 2
     out, plans = solve_output(problem, args.problem, args.method, args.objective, args.top, args.time_limit, args.distinct_layouts,
                               args.layout_time_limit if args.pipeline_layouts else None, args.pareto,
-                              progress_printer(args, f"mofa solve {args.problem}: "))
+                              progress_printer(args, f"mofa solve {args.problem}: "), args.simulate)
     if args.out:
         try:
             write_outputs(problem, out, args.out, plans)
@@ -94,6 +96,8 @@ def run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(render_solve(problem, out))
+        if out.get("pipeline_replay"):
+            print(render_replay(out["pipeline_replay"]))
         if out.get("pipeline_layout"):
             print(render_layout(out["pipeline_layout"]))
         if out.get("clusters"):
@@ -107,7 +111,8 @@ def run(args) -> int:
 
 
 def solve_output(problem, source: str, method: str, objective: str | None, top: int, time_limit_s: float | None,
-                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None, pareto: bool = False, progress=None):
+                 distinct_layouts: bool = False, layout_time_limit_s: float | None = None, pareto: bool = False, progress=None,
+                 simulate: bool = False):
     """(the JSON result `solve --json` prints and result.json holds, the top configurations'
     typed launch plans): what `mofa solve` and each run of `mofa batch` compute.
     layout_time_limit_s: search the best configuration's pipeline layout for this long
@@ -115,7 +120,8 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
     best plan carries the layout where it beats the configuration's own split. A problem
     that chooses its cluster (search.num_gpus / search.hardware lists, a cluster objective,
     deadline or budget), or `pareto`, solves every candidate cluster (optimizer.cluster): the
-    result is the chosen cluster's, with `clusters` listing them all (and the front)."""
+    result is the chosen cluster's, with `clusters` listing them all (and the front). simulate:
+    replay the best configuration's pipeline (costmodel.twin) as `pipeline_replay`."""
     from optimizer.result import ObjectiveError
     from optimizer.search import solve
 
@@ -143,6 +149,8 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
     for entry in out["top"]:
         with_interval(problem, entry)
     plans = result.plans(problem) if out["top"] else []
+    if simulate and out.get("best"):  # the skeleton's schedule (a layout search replays its own layouts)
+        out["pipeline_replay"] = finite(pipeline_replay(problem, result.top_configs.take([0])))
     if layout_time_limit_s is not None and out.get("best"):
         from optimizer.layout_search import launch_recompute, layout_report
 

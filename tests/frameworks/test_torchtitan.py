@@ -115,3 +115,23 @@ def test_torchtitan_refusals_say_why():
     assert reasons and all(r.startswith("torchtitan cannot run this plan: ") for r in reasons)
     deepseek = [e for e in exports("torchtitan") if e.plan.model.name == "deepseek-v3"]
     assert deepseek and all(e.refused for e in deepseek)  # its MTP module (and more): see the exporter's check()
+
+
+def test_dualpipev_order_is_pytorchs():
+    """The DualPipeV order the simulator's oracle is checked against (tests/data/
+    dualpipev_order.json, tests/unit/test_schedule_sim.py) is what the installed torch builds:
+    ScheduleDualPipeV._calculate_single_rank_operations on a stub carrying only the group size and
+    the micro-batch count, every rank of every recorded (pp, m)."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV
+
+    data = json.loads((Path(__file__).parents[1] / "data" / "dualpipev_order.json").read_text())
+    assert data["orders"]
+    for case, ranks in data["orders"].items():
+        pp, m = (int(x) for x in case[2:].split("_m"))
+        stub = SimpleNamespace(pp_group_size=pp, _n_microbatches=m)
+        built = [[str(a) for a in ScheduleDualPipeV._calculate_single_rank_operations(stub, r)] for r in range(pp)]
+        assert built == ranks, case

@@ -73,3 +73,16 @@ def test_shipped_problem_loads(path):
             batch = ConfigBatch.from_specs(problem, [problem.config])
             ev = evaluate(problem, batch)
             assert ev.step_time_s[0] > 0
+
+
+def test_evaluate_simulate_replays_the_pipeline():
+    """--simulate: the digital twin's replay of the plan's schedule next to the closed form (MoFa
+    Table 5's Llama 3 405B plan: pp 8 x vp 8, 16 micro-batches), in JSON and in the text."""
+    path = str(PROBLEMS / "mofa" / "table5_llama3_405b_64gpu.yaml")
+    out = json.loads(mofa("evaluate", path, "--simulate", "--json"))
+    replay = out["pipeline_replay"]
+    assert (replay["schedule"], replay["pp"], replay["vp"], replay["microbatches"]) == ("interleaved_1f1b", 8, 8, 16)
+    assert replay["closed_form_s"] == pytest.approx(out["step_time_s"] - out["breakdown_s"]["dp"] - out["breakdown_s"]["update"], rel=1e-9)
+    assert 0.0 <= replay["difference"] <= 0.02 and replay["peak_in_flight"] == replay["model_in_flight"]
+    assert "pipeline replay (interleaved_1f1b, pp 8 x vp 8, 16 micro-batches" in mofa("evaluate", path, "--simulate")
+    assert "pipeline_replay" not in json.loads(mofa("evaluate", path, "--json"))

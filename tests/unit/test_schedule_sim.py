@@ -4,13 +4,15 @@ Unless a test says otherwise a chunk's forward takes F = 1 s and its backward B 
 about twice the forward, Narayanan et al. 2021), the same on every rank, with no hop latency.
 """
 
+import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from costmodel.schedule_sim import Op, schedule_ops, simulate
+from costmodel.schedule_sim import Op, dualpipev_ops, schedule_ops, simulate
 
 F, B = 1.0, 2.0
 
@@ -335,6 +337,9 @@ def test_deadlock_is_reported():
         (("zero_bubble", 4, 1, 8), "unknown schedule"),
         (("1f1b", 0, 1, 8), "pp must be"),
         (("1f1b", 4, 1, 0), "microbatches must be"),
+        (("dualpipev", 4, 2, 7), "microbatches >= 2 [*] pp"),
+        (("dualpipev", 4, 1, 8), "vp = 2"),
+        (("dualpipev", 4, 2, 8, 4), "no group"),
     ],
 )
 def test_invalid_schedules_are_refused(args, match):
@@ -358,3 +363,60 @@ def test_invalid_simulation_inputs_are_refused():
         simulate([rank_ops[:-1] for rank_ops in ops], F, B, 0.0)
     with pytest.raises(ValueError, match="kind"):
         Op("X", 0, 0)
+
+
+# --- DualPipeV: PyTorch's order, and what the simulation makes of it ---------------------------
+
+
+def torch_name(entry) -> str:
+    """An entry of dualpipev_ops as torch prints its _Action: '3F0', '3I0' (input gradient),
+    '3W0', '3B0' (full backward), '(3F5;4B1)OVERLAP_F_B'."""
+    if isinstance(entry, Op):
+        return f"{entry.stage}{'I' if entry.kind == 'B' else entry.kind}{entry.microbatch}"
+    if len(entry) == 2:  # (B, W): a full backward
+        return f"{entry[0].stage}B{entry[0].microbatch}"
+    forward, backward, _ = entry
+    return f"({forward.stage}F{forward.microbatch};{backward.stage}B{backward.microbatch})OVERLAP_F_B"
+
+
+def test_dualpipev_order_is_pytorchs():
+    """Every rank's list, op for op, is the one torch 2.13's ScheduleDualPipeV builds (its port of
+    DeepSeek's dualpipev.py), for 11 (pp, m) pairs from pp 1 to 16 and m = 2pp to 3pp
+    (tests/data/dualpipev_order.json; the framework tests regenerate it from torch)."""
+    data = json.loads((Path(__file__).parents[1] / "data" / "dualpipev_order.json").read_text())
+    assert len(data["orders"]) == 11
+    for case, ranks in data["orders"].items():
+        pp, m = (int(x) for x in case[2:].split("_m"))
+        assert [[torch_name(e) for e in rank] for rank in dualpipev_ops(pp, m)] == ranks, case
+
+
+@pytest.mark.parametrize("pp,m", [(1, 2), (2, 4), (4, 8), (4, 13), (8, 32)])
+def test_dualpipev_runs_every_pass_once_and_holds_2pp_plus_1(pp, m):
+    """The V: rank r holds stages r and 2pp - 1 - r; every (stage, micro-batch) gets its forward,
+    input- and weight-gradient passes once (simulate checks it), and every rank holds 2pp + 1
+    chunk activations at its peak: DeepSeek's DualPipe table, "PP + 1" stage activations for PP
+    stages on PP / 2 devices."""
+    ops = dualpipev_ops(pp, m)
+    for r, rank_ops in enumerate(ops):
+        stages = {op.stage for entry in rank_ops for op in (entry if isinstance(entry, tuple) else (entry,))}
+        assert stages == {r, 2 * pp - 1 - r}
+    result = simulate(ops, F, B / 2, 0.0, weight_s=B / 2)
+    assert result.peak_in_flight.tolist() == [min(2 * pp + 1, 2 * m)] * pp
+    assert result.busy_s == pytest.approx(np.full(pp, 2 * m * (F + B)))
+
+
+def test_dualpipev_pair_releases_its_outputs_when_it_ends():
+    """An overlapped pair runs as one op of F + B + W seconds; its forward's output leaves when
+    the pair ends (dualpipev.py sends after the pair), so the next rank's forward starts a hop
+    after the pair's end, not after the forward alone."""
+    pp, m, hop = 2, 4, 0.25
+    ops = dualpipev_ops(pp, m)
+    result = simulate(ops, F, 1.0, hop, weight_s=1.0)
+    rank0_pairs = [i for i, e in enumerate(ops[0]) if isinstance(e, tuple) and len(e) == 3]
+    feeding = [i for i in rank0_pairs if ops[0][i][0].stage == 0]  # forward output to stage 1, rank 1
+    assert rank0_pairs and feeding
+    for i in rank0_pairs:
+        assert result.end_s[0][i] - result.start_s[0][i] == pytest.approx(F + 1.0 + 1.0)
+    for i in feeding:
+        consumer = [j for j, e in enumerate(ops[1]) if Op("F", 1, ops[0][i][0].microbatch) in (e if isinstance(e, tuple) else (e,))]
+        assert result.start_s[1][consumer[0]] >= result.end_s[0][i] + hop - 1e-12

@@ -3,10 +3,12 @@ and against the event-driven simulation of the same schedules (costmodel.schedul
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.pipeline import grad_windows, in_flight, pipeline_time
-from costmodel.schedule_sim import schedule_ops, simulate
+from costmodel.schedule_sim import dualpipev_ops, schedule_ops, simulate
 from costmodel.specs import OverlapCoefficients
 
 
@@ -92,3 +94,65 @@ def test_more_microbatches_per_round_hide_hops():
     sim = {nc: simulate(schedule_ops("flexible" if nc > pp else "interleaved_1f1b", pp, vp, m, group=nc), forward_s=1.0, backward_s=2.0, hop_s=hop).makespan_s
            for nc in (pp, 8)}
     assert sim[8] < sim[pp]
+
+
+# --- DualPipeV: the closed form against the event simulation of PyTorch's order ----------------
+
+
+def dualpipev_model_s(pp, m, f, i, w, hop):
+    """pipeline_time for DualPipeV on equal chunks: forward f, input gradient i, weight gradient
+    w (the full backward i + w), one hop; a rank's work per micro-batch is its two chunks."""
+    cfg = batch(pp, 2, "dualpipev")
+    rank = np.array([2.0 * (f + i + w)])
+    one = lambda x: np.array([float(x)])  # noqa: E731
+    pipe = pipeline_time([rank, rank, rank], cfg, one(m), one(hop), one(f), one(i + w), one(w), OverlapCoefficients())
+    return float(pipe.total[0])
+
+
+def dualpipev_sim_s(pp, m, f, i, w, hop):
+    return simulate(dualpipev_ops(pp, m), f, i, hop, weight_s=w).makespan_s
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 16), (8, 16), (16, 32), (16, 64)])
+def test_dualpipev_reproduces_deepseeks_bubble_where_it_holds(pp, m):
+    """DeepSeek-V3 report Table 2: DualPipe's bubble (PP/2 - 1)(F&B + B - 3W), here with PP/2 = pp
+    devices and F&B = F + B. With the backward twice the forward split evenly into input and
+    weight gradients (B = 2F, W = F) the simulated step is m * 2(F + B) plus exactly that bubble,
+    and the model gives the same number."""
+    f, i, w = 1.0, 1.0, 1.0
+    deepseek = m * 2 * (f + i + w) + (pp - 1) * (f + 2 * (i + w) - 3 * w)
+    assert dualpipev_sim_s(pp, m, f, i, w, 0.0) == pytest.approx(deepseek)
+    assert dualpipev_model_s(pp, m, f, i, w, 0.0) == pytest.approx(deepseek)
+
+
+def test_dualpipev_bubble_where_deepseeks_form_falls_short():
+    """With the weight gradient longer than the input gradient (W > I; e.g. MoE experts with
+    recompute elsewhere) or the forward longer than it (F > I), Table 2's form undercounts: the
+    V must still fill and drain its forwards, 2F per rank. The simulation's bubble per rank is
+    F + max(F, I) + max(I - W, 0), which the model uses; Table 2 gives F + 2I - W."""
+    pp, m = 8, 32
+    for f, i, w in [(1.0, 0.5, 1.5), (2.0, 1.0, 1.0), (1.0, 1.0, 3.0)]:
+        steady = m * 2 * (f + i + w)
+        simulated_bubble = dualpipev_sim_s(pp, m, f, i, w, 0.0) - steady
+        deepseek_bubble = (pp - 1) * (f + 2 * i - w)
+        assert simulated_bubble >= deepseek_bubble + 0.5 * (pp - 1) * f - 1e-9
+        model_bubble = dualpipev_model_s(pp, m, f, i, w, 0.0) - steady
+        assert model_bubble == pytest.approx((pp - 1) * (f + max(f, i) + max(i - w, 0.0)))
+        assert 0.0 <= model_bubble - simulated_bubble <= max(f, i) + 1e-9
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(pp=st.sampled_from([1, 2, 3, 4, 5, 8, 16]), extra=st.integers(0, 4), f=st.floats(0.2, 3.0), i=st.floats(0.2, 3.0),
+       w=st.floats(0.2, 3.0), hop=st.floats(0.0, 0.05))
+def test_dualpipev_model_bounds_the_simulation(pp, extra, f, i, w, hop):
+    """For any chunk times and hops up to 5% of a forward, the closed form is never optimistic
+    and overshoots by less than one chunk plus 2(pp + 1) hops: the bubble
+    (pp - 1)(F + max(F, I) + max(I - W, 0)) is exact up to the V's tip (up to max(F, I) too
+    long), and the hops are priced as 2(pp - 1)/pp per micro-batch in the steady state (a pair
+    sends its outputs when it ends, so the V's 2(pp - 1) links stay on the critical cycle) plus
+    2(2pp - 1) for warm-up and cool-down (the simulation hides up to 2(pp + 1) of those)."""
+    m = 2 * pp + extra * pp
+    hop_s = hop * f
+    simulated = dualpipev_sim_s(pp, m, f, i, w, hop_s)
+    model = dualpipev_model_s(pp, m, f, i, w, hop_s)
+    assert -1e-9 <= model - simulated <= max(f, i) + 2 * (pp + 1) * hop_s + 1e-9
