@@ -279,8 +279,8 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     if vee.any():
         bubble_b = chunk_b if bubble_b is None else bubble_b
         chunk_i = bubble_b - chunk_w  # the input-gradient part of the backward
-        per_rank = chunk_f + np.maximum(chunk_f, chunk_i) + np.maximum(chunk_i - chunk_w, 0.0)
-        bubble = np.where(vee, (p - 1) * per_rank, bubble)
+        each_rank = chunk_f + np.maximum(chunk_f, chunk_i) + np.maximum(chunk_i - chunk_w, 0.0)
+        bubble = np.where(vee, (p - 1) * each_rank, bubble)
 
     no_overlap = (p > 1) * (2 * microbatches * v + 2 * (p - 1)) * hop
     c = pp_overlap_coef

@@ -5,9 +5,9 @@ uniform ranks and count hops by phase; this module replays a schedule op by op i
 can check those forms and price what they do not cover (heterogeneous ranks, hop latency
 against chunk time, rounds of more than pp micro-batches).
 
-Schedules as per-rank operation lists (`schedule_ops`). Every schedule but DualPipeV is Megatron-LM's
-1F1B loop with a different warm-up count: rank r runs `warmup` forwards, then alternates one
-forward and one backward, then runs the remaining backwards. The k-th forward (backward) of a
+Schedules as per-rank operation lists (`schedule_ops`). Every schedule but DualPipeV is
+Megatron-LM's 1F1B loop with a different warm-up count: rank r runs `warmup` forwards, then
+alternates one forward and one backward, then runs the remaining backwards. The k-th forward (backward) of a
 rank is the k-th virtual micro-batch of Megatron's interleaved order, `group` consecutive
 micro-batches per chunk before moving to the next chunk (backwards take the chunks last-first):
     chunk = (k // group) % vp            (backward: vp - 1 - that)
@@ -49,8 +49,9 @@ outputs at its end. Not modelled: contention between compute and communication, 
 concurrent transfers, the rendezvous of blocking send/recv pairs, and the optimizer step.
 
 In flight: the stage micro-batches of a rank whose F has finished and whose B (input-gradient
-part) has not -- the activations the rank holds (a group's forward counted before its backward). Since a rank's count changes only when one of
-its own ops ends, the peak over time is the peak over its op list, the quantity of MoFa eq. 5.
+part) has not -- the activations the rank holds (a group's forward counted before its
+backward). Since a rank's count changes only when one of its own ops ends, the peak over time
+is the peak over its op list, the quantity of MoFa eq. 5.
 """
 
 from __future__ import annotations
@@ -220,9 +221,9 @@ def schedule_ops(schedule: str, pp: int, vp: int, microbatches: int, group: int 
 
     group: micro-batches per chunk before the next chunk -- Megatron's
     microbatch_group_size_per_vp_stage for interleaved_1f1b and afab, Llama 3's nc for flexible;
-    default pp. Not used by 1f1b. With vp > 1 it must divide the micro-batches (Megatron's
-    get_schedule_table also accepts a shorter last group; not modelled here), and it must be
-    >= pp for interleaved_1f1b and flexible."""
+    default pp. Not used by 1f1b or dualpipev (vp = 2, dualpipev_ops). With vp > 1 it must
+    divide the micro-batches (Megatron's get_schedule_table also accepts a shorter last group;
+    not modelled here), and it must be >= pp for interleaved_1f1b and flexible."""
     _check_count("pp", pp)
     _check_count("vp", vp)
     _check_count("microbatches", microbatches)
