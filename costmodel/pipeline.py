@@ -153,6 +153,19 @@ def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> 
     )
 
 
+def simulated_schedule(cfg: ConfigBatch, i: int) -> tuple[str, int | None]:
+    """(schedule, group) of configuration i as costmodel.schedule_sim.schedule_ops takes them.
+    Megatron's two codes are one schedule told apart by vp, as in_flight reads them (vp > 1:
+    interleaved); group is pp_group (Llama 3's nc, Megatron's microbatch group) where set and
+    the schedule takes one."""
+    names = {code: name for name, code in SCHEDULE.items()}
+    schedule = names[int(cfg.pp_schedule[i])]
+    if schedule in ("1f1b", "interleaved_1f1b"):
+        schedule = "interleaved_1f1b" if cfg.vp[i] > 1 else "1f1b"
+    takes_group = schedule in ("interleaved_1f1b", "flexible", "afab") and cfg.pp_group[i] > 0
+    return schedule, (int(cfg.pp_group[i]) if takes_group else None)
+
+
 def group_size(cfg: ConfigBatch) -> np.ndarray:
     """Consecutive micro-batches per round of a virtual stage (Llama 3's nc; Megatron's
     --microbatch-group-size-per-virtual-pipeline-stage, default pp)."""

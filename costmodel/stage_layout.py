@@ -64,7 +64,7 @@ from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
 from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory
 from costmodel.network import Network
-from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, stage_sizes
+from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, simulated_schedule, stage_sizes
 from costmodel.placement import stage_groups
 from costmodel.schedule_sim import schedule_ops, simulate
 from costmodel.specs import Problem
@@ -340,8 +340,6 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     check_supported(cfg)
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     base = evaluate(problem, cfg)
-    names = {v: k for k, v in PP_SCHEDULE_CODES.items()}
-    schedule = names[int(cfg.pp_schedule[0])]
     micro = float(base.microbatches[0])
     if micro != int(micro) or micro < 1:
         raise LayoutError(f"the configuration runs {micro} micro-batches per step: not an integer")
@@ -356,8 +354,7 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     groups = stage_groups(cl.placement, cfg, net, experts=m.moe is not None)
     mc = memory_context(problem)
     pp, vp = int(cfg.pp[0]), int(cfg.vp[0])
-    group = int(cfg.pp_group[0]) or None
-    sim_schedule, sim_group = (schedule, group) if vp > 1 else ("1f1b", None)
+    sim_schedule, sim_group = simulated_schedule(cfg, 0)
     held = held_chunks(sim_schedule, pp, vp, int(micro), sim_group)
     rest = float(base.breakdown_s["dp"][0] + base.breakdown_s["update"][0])
     return LayoutContext(

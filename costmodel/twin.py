@@ -30,7 +30,7 @@ import numpy as np
 
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import Evaluation, kind_of_layers, model_kinds
-from costmodel.pipeline import in_flight, layers_by_rank
+from costmodel.pipeline import in_flight, layers_by_rank, simulated_schedule
 from costmodel.specs import Problem
 from costmodel.schedule_sim import schedule_ops, simulate
 
@@ -95,9 +95,8 @@ def rank_class_of(problem: Problem, cfg: ConfigBatch, i: int) -> tuple[list[int]
 def replay_pipeline(problem: Problem, ev: Evaluation, cfg: ConfigBatch, i: int) -> PipelineReplay:
     """Replay configuration i of an evaluated batch; TwinError where there is nothing to replay
     (no pipeline) or the schedule cannot be built for it."""
-    names = {code: name for name, code in PP_SCHEDULE_CODES.items()}
     pp, vp = int(cfg.pp[i]), int(cfg.vp[i])
-    schedule = names[int(cfg.pp_schedule[i])]
+    schedule, group = simulated_schedule(cfg, i)
     micro = float(ev.microbatches[i])
     if pp == 1:
         raise TwinError("no pipeline to replay (pp = 1)")
@@ -106,11 +105,6 @@ def replay_pipeline(problem: Problem, ev: Evaluation, cfg: ConfigBatch, i: int) 
     m = int(micro)
     if 2 * pp * vp * m > MAX_OPS:
         raise TwinError(f"{2 * pp * vp * m:,} operations to replay (more than {MAX_OPS:,})")
-    if schedule in ("1f1b", "interleaved_1f1b") and vp > 1:
-        schedule = "interleaved_1f1b"  # the codes' schedule at vp > 1 is Megatron's interleaved one
-    elif schedule == "interleaved_1f1b":
-        schedule = "1f1b"
-    group = int(cfg.pp_group[i]) if schedule in ("flexible", "interleaved_1f1b", "afab") and cfg.pp_group[i] > 0 else None
     try:
         ops = schedule_ops(schedule, pp, vp, m, group)
     except ValueError as exc:
