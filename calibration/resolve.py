@@ -155,4 +155,4 @@ def _resolve(problem: Problem, unknown: tuple[str, ...]) -> tuple[ConfigBatch | 
 
 
 def _layout_of(problem: Problem, spec: ConfigSpec, first: int, last: int) -> str:
-    return layout_name(problem.model.num_layers, spec.pp, spec.vp, first, last, vee=spec.pp_schedule == "dualpipev")
+    return layout_name(problem.model.num_layers, spec.pp, spec.vp, first, last, spec.pp_schedule)

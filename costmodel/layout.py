@@ -137,12 +137,14 @@ def middle_layers(num_layers: int, cfg) -> np.ndarray:
     return np.where(cfg.pp > 2, floor_div(num_layers - cfg.first_layers - cfg.last_layers, np.maximum(cfg.pp - 2, 1)), cfg.last_layers)
 
 
-def layout_name(num_layers: int, pp: int, vp: int, first: int, last: int, vee: bool = False) -> str:
-    """The split's name: a flag split's mode, "layout" where only a layout string expresses it,
-    "uneven" otherwise (DualPipeV's uneven split among them: `vee`)."""
+def layout_name(num_layers: int, pp: int, vp: int, first: int, last: int, schedule: str | None = None) -> str:
+    """The split's name: a flag split's mode, "layout" where only a layout string expresses it
+    (needs_layout, which knows DualPipeV's split from the schedule), "uneven" otherwise."""
     for mode in FLAG_SPLIT_MODES:
         f, la = split_layers(num_layers, np.array([pp]), np.array([vp]), mode)
         if f[0] == first and la[0] == last and f[0] > 0:
             return mode
     row = SimpleNamespace(pp=np.array([pp]), vp=np.array([vp]), first_layers=np.array([first]), last_layers=np.array([last]))
-    return "layout" if needs_layout(num_layers, row)[0] and not vee else "uneven"
+    if schedule is not None:
+        row.pp_schedule = np.array([PP_SCHEDULES.index(schedule)])
+    return "layout" if needs_layout(num_layers, row)[0] else "uneven"

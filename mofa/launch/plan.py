@@ -180,7 +180,7 @@ def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchP
     dp_cp = dp * spec.cp
     shard = spec.dp_shard or dp_cp
     interval = spec.checkpoint_interval if isinstance(spec.checkpoint_interval, int) else checkpoint_interval
-    split = "single" if pp == 1 else layout_name(L, pp, vp, first, last, vee=spec.pp_schedule == "dualpipev")
+    split = "single" if pp == 1 else layout_name(L, pp, vp, first, last, spec.pp_schedule)
     layout = None
     if split == "layout":  # no split flag expresses it: the layout string is the launch's only way
         from costmodel.stage_layout import megatron_layout

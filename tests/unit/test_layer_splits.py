@@ -97,7 +97,7 @@ def test_deepseek_v3_under_dualpipev_takes_the_v_split():
     # Megatron's layout split of the same (pp, vp) is not one DualPipeV runs, nor is it a layout under it
     assert not vee_split_ok(61, Rows(16, 2, 2, 3, "dualpipev"))[0]
     assert not needs_layout(61, Rows(16, 2, 2, 3, "dualpipev"))[0]
-    assert layout_name(61, 16, 2, 1, 4, vee=True) == "uneven"
+    assert layout_name(61, 16, 2, 1, 4, "dualpipev") == "uneven"
 
 
 def test_the_v_split_is_the_even_one_where_2pp_divides_the_layers():
