@@ -60,12 +60,18 @@ def blend(cond, a, b):
     return b + cond * (a - b)
 
 
-def argmax3(a, b, c):
-    """Float masks (first, second, third) of which of three arrays is largest (ties: earliest)."""
-    first = (a >= b) & (a >= c)
-    second = ~first & (b >= c)
-    return first * 1.0, second * 1.0, ~(first | second) * 1.0
+def argmax_masks(arrays):
+    """Float masks, one per array, of which array is largest (ties: the earliest)."""
+    best = np.maximum.reduce(arrays)
+    taken = np.zeros(np.shape(best), dtype=bool)
+    masks = []
+    for a in arrays:
+        mask = (a >= best) & ~taken
+        taken |= mask
+        masks.append(mask * 1.0)
+    return masks
 
 
-def pick3(masks, a, b, c):
-    return masks[0] * a + masks[1] * b + masks[2] * c
+def pick(masks, arrays):
+    """The entries of `arrays` that argmax_masks' masks select."""
+    return sum(mask * a for mask, a in zip(masks, arrays))

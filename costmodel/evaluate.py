@@ -9,12 +9,12 @@ It does not check the Megatron rules (costmodel.rules does); it scores whatever 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from costmodel import architecture as arch
-from costmodel.arrays import argmax3, blend, pick3, unique_rows
+from costmodel.arrays import argmax_masks, blend, pick, unique_rows
 from costmodel.compute import ComputeModel
 from costmodel.configs import CP_COMM_CODES, MOE_CHUNKS_AUTO, PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.documents import attention_factor
@@ -23,7 +23,7 @@ from costmodel.bounds import ideal_network, kind_bounds, step_bounds
 from costmodel.layer import LAYER_KEY_FIELDS, LayerCosts, collectives, kind_costs, layer_time
 from costmodel.memory import MEMORY_KEYS, communicator_count, choose_bin, memory_context, rank_memory, rank_params
 from costmodel.network import Network
-from costmodel.pipeline import PipelinePasses, RankLayers, grad_windows, in_flight, pipeline_time, rank_classes
+from costmodel.pipeline import PipelinePasses, grad_windows, in_flight, pipeline_time, rank_classes
 from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import MOE_CHUNK_BINS, Problem
@@ -341,7 +341,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     ranks = rank_classes(kind_of_layers(m, tr), len(kinds), cfg)
     if m.mtp_layers:  # the MTP modules follow the last layer: on the rank holding the head
         mtp = kinds.index(mtp_kind(m, tr))
-        ranks = tuple(RankLayers([c + m.mtp_layers * r.last * (i == mtp) for i, c in enumerate(r.counts)], r.first, r.last) for r in ranks)
+        ranks = [replace(r, counts=[c + m.mtp_layers * r.last * (i == mtp) for i, c in enumerate(r.counts)]) for r in ranks]
     micro = tr.global_batch_size / np.maximum(cfg.mbs * np.maximum(cfg.dp, 1), 1)
     windows = grad_windows(cfg, micro) if x.any_zero2 else None
     params = [rank_params(rank, lc, m.tied_embeddings, m.mtp_layers) for rank in ranks]
@@ -415,16 +415,17 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         wgrad.append(both("weight_grad") + rank.last * lc.head_weight_grad if x.any_dualpipev else zero)
         windows_exposed.append(window_exposed)
 
-    per_rank = [fwd[k] + bwd[k] for k in range(3)]
+    per_rank = [fwd[k] + bwd[k] for k in range(len(ranks))]
     hop = net.p2p_hop(lc.hop_bytes, groups.pp)
-    # the busiest middle rank's chunks: rank 1's, and under DualPipeV's V also rank pp - 1's (a
-    # middle rank there, with no head): with an MoE model's leading dense layers on rank 1, the
-    # all-MoE ranks after it pace the V (the replay, costmodel.twin, put DeepSeek-V3 on pp 16
-    # 0.3% slower than a bubble of rank 1's chunks)
-    last_paces_vee = (cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]) & (per_rank[2] > per_rank[1])
+    # the busiest middle rank's chunks, and under DualPipeV's V rank pp - 1's too (a middle rank
+    # there, with no head): with an MoE model's leading dense layers on rank 1, the all-MoE ranks
+    # after it pace the V (the replay, costmodel.twin, put DeepSeek-V3 on pp 16 0.3% slower than
+    # a bubble of rank 1's chunks)
+    vee = cfg.pp_schedule == PP_SCHEDULE_CODES["dualpipev"]
+    busiest = argmax_masks(per_rank[1:-1] + [np.where(vee, per_rank[-1], -1.0)])
 
     def middle(passes):  # one pass of the busiest middle rank, per chunk
-        return blend(last_paces_vee, passes[2], passes[1]) / v
+        return pick(busiest, passes[1:]) / v
 
     chunk_f, chunk_b, chunk_w = middle(fwd), middle(bwd), middle(wgrad)
     # DualPipeV's bubble weighs the passes' own chunks: a gradient window's exposed
@@ -433,7 +434,8 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     # moved time from F to B, which the bubble weighs twice: TP overlap made a ZeRO-3 DualPipeV
     # step of Llama 3 405B slower (+1 ms) with alpha = beta = 1
     bubble_b = chunk_b - middle(windows_exposed)
-    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap, bubble_b=bubble_b)
+    pipe = pipeline_time(per_rank, cfg, micro, hop, chunk_f, chunk_b, chunk_w, hw.efficiency.pp_overlap, bubble_b=bubble_b,
+                         rank_counts=[r.ranks for r in ranks])
 
     # memory per rank class; the optimizer step of the rank with the most to do
     mc = memory_context(problem)
@@ -441,8 +443,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     ledgers = []
     opt_dp, opt_update = [], []
     for k, rank in enumerate(ranks):
-        rank_index = 0 if k == 0 else (np.ones_like(cfg.pp) if k == 1 else cfg.pp - 1)
-        flight = in_flight(rank_index, cfg, micro)
+        flight = in_flight(rank.rank, cfg, micro)
         ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators, m.mtp_layers, micro)
         ledgers.append(ledger)
         cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
@@ -452,9 +453,9 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
                             tr.optimizer_impl)
         opt_dp.append(ot.dp_exposed)
         opt_update.append(ot.update)
-    slowest = argmax3(*(opt_dp[k] + opt_update[k] for k in range(3)))
-    dp_exposed = pick3(slowest, *opt_dp)
-    update = pick3(slowest, *opt_update)
+    slowest = argmax_masks([dp + up for dp, up in zip(opt_dp, opt_update)])
+    dp_exposed = pick(slowest, opt_dp)
+    update = pick(slowest, opt_update)
 
     step = pipe.total + dp_exposed + update
     bounds = None
@@ -462,7 +463,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         ideal = ideal_network(hw, cl)
         bounds = step_bounds(layer_bounds, params, micro, x, stage_groups(cl.placement, cfg, ideal, experts=moe), ideal, (d_para, d_grad, d_opt), hw.memory_bandwidth_gb_per_s * GB, moe,
                               tr.optimizer_impl)
-    breakdown = {key: zero if all(v is zero for v in parts[key]) else micro * pick3(pipe.bottleneck, *parts[key]) for key in parts}
+    breakdown = {key: zero if all(v is zero for v in parts[key]) else micro * pick(pipe.bottleneck, parts[key]) for key in parts}
     breakdown["pp"] = pipe.pp_exposed
     breakdown["bubble"] = pipe.bubble
     breakdown["dp"] = dp_exposed
@@ -470,10 +471,10 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
     breakdown = {k: breakdown[k] for k in BREAKDOWN_KEYS}
 
     peaks = [lg.peak for lg in ledgers]
-    worst = argmax3(*peaks)
-    memory = {key: pick3(worst, *(getattr(lg, key) for lg in ledgers)) for key in MEMORY_KEYS}
-    memory["peak"] = pick3(worst, *peaks)
-    host_used = np.maximum(np.maximum(ledgers[0].host, ledgers[1].host), ledgers[2].host)
+    worst = argmax_masks(peaks)
+    memory = {key: pick(worst, [getattr(lg, key) for lg in ledgers]) for key in MEMORY_KEYS}
+    memory["peak"] = pick(worst, peaks)
+    host_used = np.maximum.reduce([lg.host for lg in ledgers])
 
     tokens = tr.global_batch_size * tr.seq_len
     convention = mfu_convention(tr.flops_convention)
@@ -490,7 +491,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         breakdown_s=breakdown,
         memory_bytes=memory,
         # with pp = 2 the second rank class is the last rank (rank_classes): name it so
-        worst_rank=np.where((cfg.pp == 2) & (worst[1] > 0), 2.0, worst[1] + 2.0 * worst[2]),
+        worst_rank=np.where((cfg.pp == 2) & (worst[-1] == 0) & (worst[0] == 0), 2.0, sum(worst[1:-1]) + 2.0 * worst[-1]),
         fits=memory["peak"] <= hw.memory_bytes,
         capacity_bytes=hw.memory_bytes,
         host_bytes=host_used,

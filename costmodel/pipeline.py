@@ -58,19 +58,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.arrays import argmax3, blend, unique_rows
+from costmodel.arrays import argmax_masks, blend, unique_rows
 from costmodel.configs import PP_SCHEDULE_CODES as SCHEDULE
 from costmodel.configs import ConfigBatch
 from costmodel.overlap import beyond_window
 
 @dataclass(frozen=True)
 class RankLayers:
-    """Layer counts of one rank class by layer kind (ModelSpec.kinds order), and its edge
-    modules."""
+    """Layer counts of one rank class by layer kind (ModelSpec.kinds order), its edge modules,
+    the rank it stands for and how many ranks hold its layers."""
 
     counts: list[np.ndarray]
     first: bool  # holds the embedding
     last: np.ndarray  # bool array: holds the output head and loss (and the MTP modules)
+    rank: np.ndarray | float = 0.0  # the earliest rank holding these layers: the most in flight (in_flight falls with the rank)
+    ranks: np.ndarray | float = 1.0  # pipeline ranks holding these layers (the fill and drain sum over them)
 
     @property
     def layers(self) -> np.ndarray:
@@ -125,13 +127,19 @@ def layers_by_rank(kind_of_layer, num_kinds: int, pp: int, vp: int, first: int, 
     return np.stack([np.bincount(kinds[layer_rank == r], minlength=num_kinds) for r in range(pp)])
 
 
-def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> tuple[RankLayers, RankLayers, RankLayers]:
-    """First, second and last rank (they coincide when pp is 1 or 2), with the kinds of the
-    layers each holds, laid out exactly as the framework lays them out (stage_sizes): layer
-    kinds placed in model order (an MoE model's leading dense layers land on the first stages,
-    hybrid-attention patterns wherever they fall). The second rank stands for the middle ranks
-    (exact when the kind pattern repeats within a stage). Under DualPipeV (V shape) rank 0 holds
-    the first and the last virtual stage, so the embedding and the head."""
+def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> list[RankLayers]:
+    """The rank classes the model prices: the first rank, every distinct middle-rank composition
+    (rank 1's first, then the others in rank order), the last rank (the first and the last
+    coincide when pp is 1, the second and the last when pp is 2), with the kinds of the layers
+    each holds, laid out exactly as the framework lays them out (stage_sizes): layer kinds placed
+    in model order (an MoE model's leading dense layers land on the first stages, hybrid-attention
+    patterns wherever they fall). A middle class stands for every middle rank holding the same
+    layers, priced at the earliest of them (the most in flight); a layout with fewer distinct
+    middle ranks than the batch's most repeats rank 1's class with no ranks. Under DualPipeV (V
+    shape) rank 0 holds the first and the last virtual stage, so the embedding and the head,
+    and rank pp - 1 none. Only rank 1 stood for the middle once: on DeepSeek-V3 interleaved over
+    pp 16 it holds two dense layers where ranks 2-14 hold only MoE layers, and the replay
+    (costmodel.twin) could not price those ranks."""
     p, v = cfg.pp, cfg.vp
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
     kinds = np.asarray(kind_of_layer)
@@ -140,17 +148,32 @@ def rank_classes(kind_of_layer: list[int], num_kinds: int, cfg: ConfigBatch) -> 
     for column in columns:  # a mixed-radix key: these are small integers
         key = key * (int(column.max(initial=0)) + 1) + column.astype(np.int64)
     first_row, inverse = unique_rows(key)
-    layouts = np.stack([c[first_row] for c in columns], axis=1)
-    table = np.zeros((len(layouts), 3, num_kinds))  # layout x rank class x kind
-    for i, (pp, vp, first, last, v_shape) in enumerate(layouts.astype(int)):
-        table[i] = layers_by_rank(kinds, num_kinds, pp, vp, first, last, bool(v_shape))[[0, min(1, pp - 1), pp - 1]]
+    layouts = np.stack([c[first_row] for c in columns], axis=1).astype(int)
+    middles = []  # per layout: [(composition, earliest rank, ranks holding it)], rank 1's first
+    for pp, vp, first, last, v_shape in layouts:
+        by_rank = layers_by_rank(kinds, num_kinds, pp, vp, first, last, bool(v_shape))
+        classes = {tuple(by_rank[min(1, pp - 1)]): [min(1, pp - 1), 0]}
+        for r in range(1, pp - 1):
+            classes.setdefault(tuple(by_rank[r]), [r, 0])[1] += 1
+        middles.append((by_rank[0], by_rank[pp - 1], list(classes.items())))
+    n_middle = max(len(c) for _, _, c in middles)
+    table = np.zeros((len(layouts), n_middle + 2, num_kinds))  # layout x class x kind
+    rank = np.zeros((len(layouts), n_middle + 2))
+    ranks = np.zeros((len(layouts), n_middle + 2))
+    for i, ((pp, *_), (head, tail, classes)) in enumerate(zip(layouts, middles)):
+        classes = classes + [(classes[0][0], (classes[0][1][0], 0))] * (n_middle - len(classes))  # padding: no ranks
+        table[i, 0], table[i, -1] = head, tail
+        rank[i, -1], ranks[i, 0], ranks[i, -1] = pp - 1, 1, pp > 1
+        for c, (counts, (earliest, held)) in enumerate(classes, start=1):
+            table[i, c], rank[i, c], ranks[i, c] = counts, earliest, held
     inverse = inverse.ravel()
-    counts = [[table[inverse, c, k] for k in range(num_kinds)] for c in range(3)]
-    return (
-        RankLayers(counts[0], True, (p == 1) | vee),
-        RankLayers(counts[1], False, (p <= 2) & ~vee),
-        RankLayers(counts[2], False, ~vee),
-    )
+
+    def rank_layers(c, first, last):
+        return RankLayers([table[inverse, c, k] for k in range(num_kinds)], first, last, rank[inverse, c], ranks[inverse, c])
+
+    return ([rank_layers(0, True, (p == 1) | vee)]
+            + [rank_layers(c, False, (p <= 2) & ~vee) for c in range(1, n_middle + 1)]
+            + [rank_layers(n_middle + 1, False, ~vee)])
 
 
 def simulated_schedule(cfg: ConfigBatch, i: int) -> tuple[str, int | None]:
@@ -242,15 +265,15 @@ def pipeline_compute_s(rank_work, microbatches, vp) -> float:
 
 @dataclass(frozen=True)
 class PipelinePasses:
-    """What pipeline_time prices, per rank class (first, middle, last; costmodel.pipeline.
-    rank_classes): one micro-batch's forward and whole backward over all the rank's virtual
+    """What pipeline_time prices, per rank class (rank_classes: the first, the middle ones, the
+    last): one micro-batch's forward and whole backward over all the rank's virtual
     stages, the weight-gradient part of that backward (DualPipeV splits it off; zero for other
     schedules), and one P2P hop. Kept for the digital twin (costmodel.twin), which replays the
     schedule op by op on these times."""
 
-    forward_s: tuple[np.ndarray, np.ndarray, np.ndarray]
-    backward_s: tuple[np.ndarray, np.ndarray, np.ndarray]
-    weight_s: tuple[np.ndarray, np.ndarray, np.ndarray]
+    forward_s: tuple[np.ndarray, ...]
+    backward_s: tuple[np.ndarray, ...]
+    weight_s: tuple[np.ndarray, ...]
     hop_s: np.ndarray
 
 
@@ -259,15 +282,16 @@ class PipelineTime:
     total: np.ndarray
     bubble: np.ndarray
     pp_exposed: np.ndarray
-    bottleneck: tuple  # masks of the rank class with the most work (first, second, last)
+    bottleneck: list  # masks of the rank class with the most work (rank_work's order)
     pp_without_overlap: np.ndarray  # the exposed PP time without overlap ...
     pp_overlap_floor: np.ndarray  # ... and the part overlap cannot hide (warm-up and cool-down chains)
 
 
 def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, hop, chunk_f, chunk_b, chunk_w, pp_overlap_coef,
-                  bubble_b=None) -> PipelineTime:
-    """rank_work: per-micro-batch forward+backward time of the first, second and last rank
-    classes; chunk_f/chunk_b/chunk_w: forward, backward and its weight-gradient part of one
+                  bubble_b=None, rank_counts=None) -> PipelineTime:
+    """rank_work: per-micro-batch forward+backward time of each rank class (rank_classes: the
+    first, the middle ones, the last); rank_counts: the ranks each stands for (default: three
+    classes, the middle one every rank between the ends); chunk_f/chunk_b/chunk_w: forward, backward and its weight-gradient part of one
     virtual-stage chunk of the busiest middle rank (eq. 23, DualPipeV's bubble); bubble_b: the
     backward chunk DualPipeV's bubble weighs, without the once-per-window stalls (default chunk_b).
 
@@ -283,9 +307,10 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
     (never below the simulation, at most one chunk above: tests/unit/test_schedules.py), which
     also sets the steady-state hops (module docstring)."""
     p, v = cfg.pp, cfg.vp
-    r0, r1, r2 = rank_work
-    r_max = np.maximum(np.maximum(r0, r1), r2)
-    total_work = blend(p == 1, r0, r0 + r2 + np.maximum(p - 2, 0) * r1)
+    if rank_counts is None:  # first, middle, last
+        rank_counts = [1.0, np.maximum(p - 2, 0), 1.0 * (p > 1)]
+    r_max = np.maximum.reduce(rank_work)
+    total_work = sum(count * work for count, work in zip(rank_counts, rank_work))
     steady = microbatches * r_max
     vee = cfg.pp_schedule == SCHEDULE["dualpipev"]
     bubble = fill_and_drain_s(total_work, r_max, v)
@@ -307,4 +332,4 @@ def pipeline_time(rank_work: list[np.ndarray], cfg: ConfigBatch, microbatches, h
         steady_hidden = np.where(vee, microbatches * 2.0 * (p - 1) / p * exposed(0.0 * chunk_f), steady_hidden)
     floor = (p > 1) * 2 * (v * p - 1) * hop
     pp = blend((cfg.pp_overlap == 1) | vee, floor + steady_hidden, no_overlap)
-    return PipelineTime(steady + bubble + pp, bubble, pp, argmax3(r0, r1, r2), no_overlap, floor)
+    return PipelineTime(steady + bubble + pp, bubble, pp, argmax_masks(rank_work), no_overlap, floor)

@@ -10,12 +10,11 @@ is the schedule algebra on the plan's own numbers -- bubble, ramp hops, the stea
 closed form hides or exposes, the activations each rank holds -- not the per-chunk split of a
 rank's work, which both sides share.
 
-Ranks. The model prices three rank classes (costmodel.pipeline.rank_classes: rank 0, rank 1 for
-the middle ranks, rank pp - 1). The replay gives every rank the times of the class whose layers
-it holds (layer kinds per rank, costmodel.pipeline.layers_by_rank; under DualPipeV rank pp - 1
-is a middle rank too, with no head); a middle rank that matches neither rank 1 nor such a rank
-pp - 1 (an MoE model's leading dense layers on rank 1, all-MoE ranks after it) takes rank 1's
-times, as the closed form does, and is listed in `approximate_ranks`.
+Ranks. The model prices a class per distinct rank composition (costmodel.pipeline.rank_classes:
+rank 0, every distinct middle rank, rank pp - 1); the replay gives every rank the times of the
+class whose layers it holds (under DualPipeV rank pp - 1 is a middle rank too, with no head). It
+once priced rank 1 for every middle rank, and the replay found the ranks that held other layers
+(DeepSeek-V3 interleaved on pp 16: ranks 2-14 all-MoE, rank 1 two dense layers).
 
 Not in the replay (the closed form has them): the contention coefficients of eq. 23 (the hop is
 replayed at its own length, alpha and beta at 1), and the once-per-window stalls of a ZeRO-2/3
@@ -30,7 +29,7 @@ import numpy as np
 
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import Evaluation, kind_of_layers, model_kinds
-from costmodel.pipeline import in_flight, layers_by_rank, simulated_schedule
+from costmodel.pipeline import in_flight, layers_by_rank, rank_classes, simulated_schedule
 from costmodel.specs import Problem
 from costmodel.schedule_sim import schedule_ops, simulate
 
@@ -55,7 +54,6 @@ class PipelineReplay:
     idle_s: tuple[float, ...]  # per rank: makespan less busy time (bubble and waiting on hops)
     peak_in_flight: tuple[int, ...]  # per rank: chunk activations held at the peak, replayed
     model_in_flight: tuple[int, ...]  # ... and as the memory model counts them (pipeline.in_flight)
-    approximate_ranks: tuple[int, ...]  # middle ranks whose layers no priced class holds: given rank 1's times
 
     @property
     def difference(self) -> float:
@@ -67,29 +65,21 @@ class PipelineReplay:
             "schedule": self.schedule, "pp": self.pp, "vp": self.vp, "microbatches": self.microbatches,
             "closed_form_s": self.closed_form_s, "simulated_s": self.simulated_s, "difference": self.difference,
             "idle_s": list(self.idle_s), "peak_in_flight": list(self.peak_in_flight), "model_in_flight": list(self.model_in_flight),
-            "approximate_ranks": list(self.approximate_ranks),
         }
 
 
-def rank_class_of(problem: Problem, cfg: ConfigBatch, i: int) -> tuple[list[int], list[int]]:
-    """(the class whose times each rank takes: 0 first, 1 middle, 2 last; the middle ranks that
-    hold other layers than any priced class and take rank 1's times)."""
+def rank_class_of(problem: Problem, cfg: ConfigBatch, i: int) -> list[int]:
+    """The class (an index into Evaluation.passes, rank_classes' order) whose times each rank of
+    configuration i takes: rank 0 the first, rank pp - 1 the last, a middle rank the middle
+    class holding its layers."""
     pp, vp = int(cfg.pp[i]), int(cfg.vp[i])
     vee = int(cfg.pp_schedule[i]) == PP_SCHEDULE_CODES["dualpipev"]
     m, tr = problem.model, problem.training
-    counts = layers_by_rank(kind_of_layers(m, tr), len(model_kinds(m, tr)), pp, vp, int(cfg.first_layers[i]), int(cfg.last_layers[i]), vee)
-    classes, approximate = [0] * pp, []
-    for r in range(1, pp):
-        if r == pp - 1:
-            classes[r] = 2
-        elif (counts[r] == counts[1]).all():
-            classes[r] = 1
-        elif vee and (counts[r] == counts[pp - 1]).all():  # rank pp - 1 holds no edge module under the V
-            classes[r] = 2
-        else:
-            classes[r] = 1
-            approximate.append(r)
-    return classes, approximate
+    kinds, num_kinds = kind_of_layers(m, tr), len(model_kinds(m, tr))
+    by_rank = layers_by_rank(kinds, num_kinds, pp, vp, int(cfg.first_layers[i]), int(cfg.last_layers[i]), vee)
+    classes = rank_classes(kinds, num_kinds, cfg)
+    middle = {tuple(int(c[i]) for c in classes[k].counts): k for k in range(len(classes) - 2, 0, -1)}  # rank 1's class wins a tie
+    return [0] + [middle[tuple(int(c) for c in by_rank[r])] for r in range(1, pp - 1)] + [len(classes) - 1] * (pp > 1)
 
 
 def replay_pipeline(problem: Problem, ev: Evaluation, cfg: ConfigBatch, i: int) -> PipelineReplay:
@@ -111,7 +101,7 @@ def replay_pipeline(problem: Problem, ev: Evaluation, cfg: ConfigBatch, i: int) 
         raise TwinError(f"the {schedule} schedule cannot be built for this plan: {exc}") from None
 
     passes = ev.passes
-    classes, approximate = rank_class_of(problem, cfg, i)
+    classes = rank_class_of(problem, cfg, i)
 
     def per_chunk(times) -> np.ndarray:  # [pp, vp]: a rank's pass spread evenly over its stages
         return np.repeat(np.array([[float(times[c][i]) / vp] for c in classes]), vp, axis=1)
@@ -132,5 +122,4 @@ def replay_pipeline(problem: Problem, ev: Evaluation, cfg: ConfigBatch, i: int) 
         idle_s=tuple(float(x) for x in result.idle_s),
         peak_in_flight=tuple(int(x) for x in result.peak_in_flight),
         model_in_flight=model_flight,
-        approximate_ranks=tuple(approximate),
     )

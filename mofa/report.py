@@ -137,9 +137,7 @@ def render_replay(replay: dict) -> str:
     return (f"pipeline replay ({replay['schedule']}, {shape}, {replay['microbatches']} micro-batches; costmodel.twin): "
             f"{replay['simulated_s']:.4f} s op by op against {replay['closed_form_s']:.4f} s in the closed form "
             f"({100 * replay['difference']:+.2f}%)\n  idle per rank {min(idle):.4f}-{max(idle):.4f} s; "
-            f"chunk activations held at the peak {flight}, {agree}"
-            + (f"\n  ranks {', '.join(str(r) for r in replay['approximate_ranks'])} hold other layers than rank 1 and are "
-               "replayed (and priced) with its times" if replay["approximate_ranks"] else ""))
+            f"chunk activations held at the peak {flight}, {agree}")
 
 
 def render_solve(problem, out: dict) -> str:

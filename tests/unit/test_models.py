@@ -94,27 +94,45 @@ def problem_for(model, gpus=64, **training):
 
 
 def test_every_layer_kind_lands_on_its_rank():
-    """Qwen3.5 on pp = 4: rank r holds layers 10r..10r+9 of the 3-linear-1-full pattern."""
+    """Qwen3.5 on pp = 4: rank r holds layers 10r..10r+9 of the 3-linear-1-full pattern, so the
+    two middle ranks hold different layers and each is a rank class of its own."""
     m = qwen35()
     cfg = ConfigBatch.from_columns(64, tp=2, pp=4, first_layers=10, last_layers=10)
     kinds = model_kinds(m)
-    first, second, last = rank_classes(kind_of_layers(m), len(kinds), cfg)
+    classes = rank_classes(kind_of_layers(m), len(kinds), cfg)
     full = kinds.index(("full_attention", "moe"))
-    expect = {0: 2, 1: 3, 3: 3}  # full-attention layers (index 3, 7, 11, ...): 3, 7 | 11, 15, 19 | 31, 35, 39
-    for rank, r in ((first, 0), (second, 1), (last, 3)):
-        assert float(sum(rank.counts)[0]) == 10
-        assert float(rank.counts[full][0]) == expect[r]
+    # full-attention layers (index 3, 7, 11, ...): 3, 7 | 11, 15, 19 | 23, 27 | 31, 35, 39
+    assert [float(r.counts[full][0]) for r in classes] == [2, 3, 2, 3]
+    assert [float(sum(r.counts)[0]) for r in classes] == [10] * 4
+    assert [float(r.rank[0]) for r in classes] == [0, 1, 2, 3]
+    assert [float(r.ranks[0]) for r in classes] == [1, 1, 1, 1]
 
 
 def test_leading_dense_layers_stay_on_the_first_stages():
     """DeepSeek-V3's 3 leading dense layers on pp = 16 with Megatron's uneven split (2 layers on
-    the first rank, 4 on the middle ones, 3 on the last): 2 on rank 0, the third on rank 1."""
+    the first rank, 4 on the middle ones, 3 on the last): 2 on rank 0, the third on rank 1; ranks
+    2-14 hold four MoE layers each, a class of 13 ranks priced at rank 2."""
     m = MODELS["deepseek-v3"]
     kinds = model_kinds(m)
     dense = kinds.index(("full_attention", "dense"))
-    first, second, last = rank_classes(kind_of_layers(m), len(kinds), ConfigBatch.from_columns(1024, pp=16, first_layers=2, last_layers=3))
-    assert [float(r.counts[dense][0]) for r in (first, second, last)] == [2, 1, 0]
-    assert [float(sum(r.counts)[0]) for r in (first, second, last)] == [2, 4, 3]
+    classes = rank_classes(kind_of_layers(m), len(kinds), ConfigBatch.from_columns(1024, pp=16, first_layers=2, last_layers=3))
+    assert [float(r.counts[dense][0]) for r in classes] == [2, 1, 0, 0]
+    assert [float(sum(r.counts)[0]) for r in classes] == [2, 4, 4, 3]
+    assert [(float(r.rank[0]), float(r.ranks[0])) for r in classes] == [(0, 1), (1, 1), (2, 13), (15, 1)]
+
+
+def test_a_batch_pads_its_layouts_to_the_most_middle_classes():
+    """One batch, two layouts: pp 16 (two middle compositions) and pp 4 with 16 / 15 layers on the
+    edges (the dense layers all on rank 0, one middle composition): the pp-4 row repeats rank 1's
+    class with no ranks, so the fill and drain count every rank once."""
+    m = MODELS["deepseek-v3"]
+    kinds = model_kinds(m)
+    cfg = ConfigBatch.from_columns(1024, pp=np.array([16.0, 4.0]), first_layers=np.array([2.0, 16.0]), last_layers=np.array([3.0, 15.0]))
+    classes = rank_classes(kind_of_layers(m), len(kinds), cfg)
+    assert len(classes) == 4
+    assert [float(r.ranks[1]) for r in classes] == [1, 2, 0, 1]
+    assert [float(sum(r.counts)[1]) for r in classes] == [16, 15, 15, 15]
+    assert [float(sum(c.ranks[i] * sum(c.counts)[i] for c in classes)) for i in range(2)] == [61.0, 61.0]
 
 
 def test_mtp_adds_a_layer_and_a_loss_to_the_last_stage():

@@ -71,6 +71,25 @@ def test_megatron_split_scores_as_the_exact_model(llama):
     assert score.bound_s <= score.pipeline_s - score.pp_exposed_s + 1e-12
 
 
+def test_deepseek_v3_split_scores_as_the_exact_model():
+    """DeepSeek-V3 interleaved on pp 16 x vp 2 (layout split, 2 / 3 edge layers): rank 1 holds
+    two dense and two MoE layers, ranks 2-14 four MoE layers. The layout scorer prices every rank
+    on its own; the exact model prices a class per distinct middle composition
+    (costmodel.pipeline.rank_classes) and agrees with it to 1e-9 on the peak (rank 2's, 72.16
+    GiB) and the closed-form pipeline. With rank 1 standing for every middle rank it gave
+    71.91 GiB and a closed form 0.18 s short."""
+    problem = load_problem("problems/tuning/deepseek_v3_2048gpu_sn8.yaml",
+                           ["tp=1", "cp=4", "pp=16", "vp=2", "ep=128", "mbs=1", "pp_schedule=interleaved_1f1b", "pp_overlap=true",
+                            "layer_split=layout"])
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    e = evaluate(problem, cfg)
+    score = score_layout(layout_context(problem, cfg), megatron_layout(61, 1, 16, 2, int(cfg.first_layers[0]), int(cfg.last_layers[0])))
+    assert int(np.argmax(score.peak_bytes)) == 2
+    assert score.peak_bytes.max() == pytest.approx(float(e.memory_bytes["peak"][0]), rel=1e-9)
+    closed = float(e.step_time_s[0] - e.breakdown_s["dp"][0] - e.breakdown_s["update"][0] - e.breakdown_s["pp"][0])
+    assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
+
+
 @pytest.mark.parametrize("schedule,pp,vp,m", [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 8, 4, 16)])
 def test_held_chunks_match_in_flight(schedule, pp, vp, m):
     """Uniform chunks: the peak held chunks of each rank is pipeline.in_flight (eq. 5 as
