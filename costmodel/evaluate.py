@@ -490,7 +490,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         step_time_s=step,
         breakdown_s=breakdown,
         memory_bytes=memory,
-        # with pp = 2 the second rank class is the last rank (rank_classes): name it so
+        # a middle class is the last rank when pp = 2 (rank_classes): name it so
         worst_rank=np.where((cfg.pp == 2) & (worst[-1] == 0) & (worst[0] == 0), 2.0, sum(worst[1:-1]) + 2.0 * worst[-1]),
         fits=memory["peak"] <= hw.memory_bytes,
         capacity_bytes=hw.memory_bytes,

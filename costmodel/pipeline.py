@@ -6,10 +6,11 @@ Layer split: costmodel.layout (first and last rank's layers; the rest split even
 Rank r holds virtual stages r, r+pp, ..., r+(vp-1)*pp; under DualPipeV (vp = 2, V shape) rank r
 holds stages r and 2pp-1-r, so rank 0 holds both the embedding and the head.
 
-Three rank classes bound everything that differs between ranks: the first (embedding, most
-activations in flight), the second (the busiest middle rank) and the last (output head and
-loss). Middle ranks are assumed alike (exact unless an MoE model's leading dense layers
-spill past the first two virtual stages, which no shipped model does). The schedule model takes
+Rank classes bound everything that differs between ranks (rank_classes): the first (embedding,
+most activations in flight), one per distinct composition of the middle ranks (an MoE model's
+leading dense layers on rank 1, a hybrid-attention pattern that a rank's layer count does not
+repeat), each priced at the earliest rank holding it (the most in flight) and counted once per
+rank in the fill and drain, and the last (output head and loss). The schedule model takes
 per-rank times, so heterogeneous stages slot in.
 
 Which zero-bubble-family schedule: DualPipeV (DeepSeek's "cut-in-half" DualPipe; in DeepSeek's

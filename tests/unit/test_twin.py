@@ -14,6 +14,7 @@ from costmodel.twin import TwinError, rank_class_of, replay_pipeline
 LLAMA2_70B = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
 LLAMA3_8K = str(PROBLEMS / "tuning" / "llama3_405b_16384xh100_seq8k.yaml")
 DEEPSEEK_V3 = str(PROBLEMS / "tuning" / "deepseek_v3_2048gpu_sn8.yaml")
+GPT_OSS = str(PROBLEMS / "tuning" / "gpt_oss_120b_144xgb200_nvl72.yaml")
 
 
 def replay(path, overrides):
@@ -35,6 +36,9 @@ PLANS = [
     (LLAMA3_8K, ["tp=8", "cp=2", "pp=8", "vp=2", "mbs=1", "pp_schedule=dualpipev", "pp_overlap=true"]),
     # DeepSeek-V3 on DualPipeV's V split (1 layer on rank 0, 4 on every other rank), 480 micro-batches
     (DEEPSEEK_V3, ["tp=1", "cp=4", "pp=16", "vp=2", "ep=128", "mbs=1", "pp_schedule=dualpipev", "pp_overlap=true"]),
+    # GPT-OSS's alternating sliding / full attention, 9 layers a rank: rank 1 holds 5 full-attention
+    # layers, rank 2 four (two middle classes)
+    (GPT_OSS, ["tp=1", "pp=4", "vp=3", "ep=4", "mbs=1", "pp_schedule=interleaved_1f1b", "pp_overlap=true"]),
 ]
 
 
@@ -82,6 +86,8 @@ def test_every_middle_composition_is_priced():
     assert [float(c.ranks[0]) for c in classes] == [1.0, 1.0, 13.0, 1.0]
     assert [float(c.rank[0]) for c in classes] == [0.0, 1.0, 2.0, 15.0]
     assert rank_class_of(problem, cfg, 0) == [0, 1] + [2] * 13 + [3]
+    gpt = load_problem(GPT_OSS, ["tp=1", "pp=4", "vp=3", "ep=4", "mbs=1", "pp_schedule=interleaved_1f1b"])
+    assert rank_class_of(gpt, ConfigBatch.from_specs(gpt, [gpt.config]), 0) == [0, 1, 2, 3]
     ev = evaluate(problem, cfg)
     rank_one, all_moe = (float(ev.passes.forward_s[k][0] + ev.passes.backward_s[k][0]) for k in (1, 2))
     assert all_moe > 1.2 * rank_one
