@@ -2372,6 +2372,39 @@ def within_superset(solution: LayoutSolution, superset: LayoutSolution) -> Layou
                                bound_source="per-stage")
 
 
+def given_layout_report(problem, cfg, text: str, block_layers: int | None = None) -> tuple[dict, StageLayout]:
+    """A layout the user gives (`mofa evaluate --pipeline-layout`, Megatron-Core's layout
+    string) scored on one configuration next to the configuration's own split, both by the
+    layout model (costmodel.stage_layout: the simulated schedule, every rank's own ledger).
+    Under full recompute each stage recomputes as Megatron launches it on this layout: the
+    first min(N, layers) with the block method's N (`block_layers`, the problem's
+    recompute_num_layers: the configuration row turns a block N that covers its own split's
+    stages into uniform), every layer with the uniform method. LayoutError where the layout
+    does not fit the configuration or the model."""
+    ctx = layout_context(problem, cfg)
+    layout = StageLayout.from_megatron(text, ctx.pp, ctx.vp)
+    if ctx.recompute_allowed:
+        n = block_layers if block_layers is not None else max(layout.decoders)
+        layout = layout.with_recompute([min(n, d) for d in layout.decoders])
+    own = own_layout(ctx)
+    score, own_score = score_layout(ctx, layout), score_layout(ctx, own)
+    report = {
+        "layout": layout.to_megatron(),
+        "step_time_s": score.step_time_s,
+        "pipeline_s": score.pipeline_s,
+        "peak_bytes": [float(b) for b in score.peak_bytes],
+        "worst_rank": int(np.argmax(score.peak_bytes)),
+        "fits": score.fits,
+        "megatron_split": own.to_megatron(),
+        "megatron_split_step_time_s": own_score.step_time_s,
+        "megatron_split_fits": own_score.fits,
+        "gain": own_score.step_time_s / score.step_time_s - 1.0,
+    }
+    if ctx.recompute_allowed:
+        report["recompute"] = list(layout.recompute)
+    return report, layout
+
+
 def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) -> tuple[dict, StageLayout | None]:
     """The layout search on one solved configuration (`mofa solve --pipeline-layouts`): a JSON
     report and the layout to launch (None where the search is refused or finds nothing better

@@ -16,6 +16,10 @@ def add_arguments(p) -> None:
     add_set_option(p, "tp=8, training.seq_len=4096")
     add_convention_option(p)
     add_simulate_option(p, "the configuration")
+    p.add_argument("--pipeline-layout", metavar="LAYOUT",
+                   help="also score the configuration with this heterogeneous pipeline layout, Megatron-Core's "
+                        "--pipeline-model-parallel-layout (e.g. 'Et*3|(tt|)*29,|mL'), next to its own split, both on the "
+                        "simulated schedule with every rank's own memory ledger; with --json the launch plan takes the layout")
     add_json_option(p)
 
 
@@ -33,9 +37,41 @@ def run(args) -> int:
     result = with_interval(problem, result)
     if args.simulate:
         result["pipeline_replay"] = pipeline_replay(problem, batch)
+    layout = None
+    if args.pipeline_layout is not None:
+        from costmodel.stage_layout import LayoutError
+        from optimizer.layout_search import given_layout_report
+
+        try:
+            spec = problem.config
+            block = (spec.recompute_num_layers or 1) if spec.recompute == "full" and spec.recompute_method == "block" else None
+            result["pipeline_layout"], layout = given_layout_report(problem, batch, args.pipeline_layout, block)
+        except LayoutError as exc:
+            raise ProblemError(args.problem, "--pipeline-layout", str(exc)) from None
     if args.json:  # the typed launch plan `mofa export` reads
         from mofa.launch.plan import build_plan
 
-        result["plan"] = build_plan(problem, batch.spec(0), result["checkpoint_interval"]).model_dump(mode="json")
-    emit(stamped(result, args.problem) if args.json else result, args.json, render_evaluation(problem.name, result))
+        plan = build_plan(problem, batch.spec(0), result["checkpoint_interval"])
+        if layout is not None:  # with full recompute, the N the layout was scored with (block method)
+            from optimizer.layout_search import launch_recompute
+
+            recompute = launch_recompute(layout) if "recompute" in result["pipeline_layout"] else {}
+            plan = plan.model_copy(update={"pipeline_layout": layout.to_megatron(), **recompute})
+        result["plan"] = plan.model_dump(mode="json")
+    text = render_evaluation(problem.name, result)
+    if layout is not None:
+        text += "\n" + render_given_layout(result["pipeline_layout"])
+    emit(stamped(result, args.problem) if args.json else result, args.json, text)
     return 0
+
+
+def render_given_layout(report: dict) -> str:
+    gib = [b / 2**30 for b in report["peak_bytes"]]
+    fits = "fits" if report["fits"] else "does NOT fit"
+    split = f"{report['megatron_split_step_time_s']:.4f} s" + ("" if report["megatron_split_fits"] else ", does not fit")
+    line = (f"pipeline layout (given; simulated schedule, costmodel.stage_layout): step {report['step_time_s']:.4f} s against "
+            f"{split} for the configuration's split ({100 * report['gain']:+.2f}%); peak {max(gib):.1f} GiB on rank "
+            f"{report['worst_rank']} ({min(gib):.1f}-{max(gib):.1f} over the ranks), {fits}\n  --pipeline-model-parallel-layout {report['layout']}")
+    if "recompute" in report:
+        line += f"\n  recompute per stage {report['recompute']} (the configuration's recompute on every stage)"
+    return line

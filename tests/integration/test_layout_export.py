@@ -137,3 +137,75 @@ def test_a_degree_only_a_layout_splits_is_searched_and_launched():
     assert none.status == "infeasible" and "lay the layers out" in none.explanation
     vee = solve(load_problem(str(DEEPSEEK), flags_only), "cpsat")
     assert vee.status == "infeasible" and vee.explanation.startswith("Megatron-LM") and "no_dualpipev cuts" in vee.explanation
+
+
+DSV3 = PROBLEMS / "tuning" / "deepseek_v3_2048gpu_sn8.yaml"
+DSV3_INTERLEAVED = ["tp=1", "cp=4", "pp=16", "vp=2", "ep=128", "mbs=1", "pp_schedule=interleaved_1f1b", "pp_overlap=true", "layer_split=layout"]
+
+
+def run_mofa(*args):
+    return subprocess.run([sys.executable, "-m", "mofa", *args], capture_output=True, text=True, timeout=300)
+
+
+def sets(overrides):
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+def test_evaluate_scores_a_given_layout():
+    """`mofa evaluate --pipeline-layout`: DeepSeek-V3 interleaved on pp 16 x vp 2 with three layers
+    on the first stage, two on every other, the MTP module with the head: scored by the layout
+    model (the same numbers as costmodel.stage_layout.score_layout), next to the configuration's
+    own split, and launched with that layout (the JSON's plan)."""
+    from costmodel.configs import ConfigBatch
+    from costmodel.stage_layout import layout_context, score_layout
+    from optimizer.layout_search import own_layout
+
+    text = "Et*3|(tt|)*29,|mL"
+    result = run_mofa("evaluate", str(DSV3), *sets(DSV3_INTERLEAVED), "--pipeline-layout", text, "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    report = out["pipeline_layout"]
+    problem = load_problem(str(DSV3), DSV3_INTERLEAVED)
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    ctx = layout_context(problem, cfg)
+    layout = StageLayout.from_megatron(text, 16, 2)
+    score, own = score_layout(ctx, layout), score_layout(ctx, own_layout(ctx))
+    assert report["layout"] == layout.to_megatron() == out["plan"]["pipeline_layout"]
+    assert report["step_time_s"] == pytest.approx(score.step_time_s, rel=1e-12)
+    assert report["peak_bytes"] == pytest.approx(list(score.peak_bytes), rel=1e-12)
+    assert report["fits"] == score.fits and report["worst_rank"] == int(score.peak_bytes.argmax())
+    assert report["megatron_split_step_time_s"] == pytest.approx(own.step_time_s, rel=1e-12)
+    assert report["gain"] == pytest.approx(own.step_time_s / score.step_time_s - 1.0, rel=1e-12)
+    assert "recompute" not in report
+    text_out = run_mofa("evaluate", str(DSV3), *sets(DSV3_INTERLEAVED), "--pipeline-layout", text)
+    assert text_out.returncode == 0 and "pipeline layout (given" in text_out.stdout and layout.to_megatron() in text_out.stdout
+
+
+def test_a_given_layout_takes_the_configurations_recompute():
+    """Under full recompute, block N = 1, every stage of the given layout recomputes min(1, its
+    layers), as Megatron launches --recompute-num-layers 1 on it."""
+    overrides = ["tp=8", "cp=1", "pp=16", "vp=8", "mbs=1", "layer_split=embedding_loss", "zero_stage=1", "recompute=full",
+                 "recompute_method=block", "recompute_num_layers=1"]
+    sizes = [0] + [1] * 126 + [0]
+    sizes[1], sizes[2] = 0, 2
+    layout = StageLayout.from_stage_sizes(16, 8, sizes, 0)
+    result = run_mofa("evaluate", str(LLAMA405), *sets(overrides), "--pipeline-layout", layout.to_megatron(), "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["pipeline_layout"]["recompute"] == [min(1, n) for n in sizes]
+    plan = out["plan"]
+    assert (plan["recompute"], plan["recompute_method"], plan["recompute_num_layers"]) == ("full", "block", 1)
+    assert plan["pipeline_layout"] == layout.to_megatron()
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("Et*3|(tt|)*29,m|L", "MTP modules on a rank without the head"),
+    ("Et*3|(tt|)*29,t|mL", "62 decoder layers, the model has 61"),
+    ("Et*3|(tt|)*28,|mL", "31 stages, pp=16 x vp=2 needs 32"),
+    ("Et*3|(tx|)*29,|mL", "unknown symbol"),
+])
+def test_a_bad_given_layout_is_one_line(text, fragment):
+    result = run_mofa("evaluate", str(DSV3), *sets(DSV3_INTERLEAVED), "--pipeline-layout", text)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(DSV3) in lines[0] and "--pipeline-layout" in lines[0] and fragment in lines[0]
