@@ -18,7 +18,12 @@ Facts (read from the 0.3.0 sources, checked by tests/frameworks/):
   * CUDA graphs (training.disable_cuda_graphs, on by default) reject pp > 1 and the default
     EP dispatcher: the exporter disables them there;
   * mixed_precision_reduce is float32 only; training.enable_cpu_offload offloads FSDP's
-    parameters, gradients and optimizer states (not the CPU optimizer alone).
+    parameters, gradients and optimizer states (not the CPU optimizer alone);
+  * a heterogeneous layout is parallelism.module_fqns_per_model_part (tok_embeddings, layers.i,
+    norm, lm_head per stage, stage s on rank s % pp for 1F1B and Interleaved1F1B), which its
+    command line cannot give (tyro reads every word as a one-module stage): the script writes a
+    config module that sets it on the config function's config and launches with
+    `--module mofa_torchtitan_layout --config mofa_config`.
 """
 
 from __future__ import annotations
@@ -67,14 +72,54 @@ def _layout(p: LaunchPlan) -> tuple[int, int, int]:
     return per, per - p.first_stage_layers, per - p.last_stage_layers
 
 
+LAYOUT_MODULE, LAYOUT_FUNCTION = "mofa_torchtitan_layout", "mofa_config"
+
+#: the rules on the first / last ranks' layer counts: a layout replaces that split
+SPLIT_RULES = ("uneven_interleaved", "shorter_ends_only")
+
+
 def check(plan: LaunchPlan) -> None:
     """What torchtitan 0.3.0 cannot run: the rules of costmodel.frameworks, which the search
-    applies under `--framework torchtitan` (a heterogeneous pipeline layout is chosen after the
-    search, so it is refused here)."""
+    applies under `--framework torchtitan`, but for those on the split a layout replaces; a
+    layout under DualPipeV (Megatron's layout string places stage s on rank s % pp, the V does
+    not) or holding MTP modules (torchtitan builds none)."""
     if plan.pipeline_layout is not None:
-        refuse(NAME, "a pipeline layout (--pipeline-layouts, or a layer split only a layout expresses) is Megatron-Core's --pipeline-model-parallel-layout; "
-               "this exporter only splits layers evenly")
-    check_rules(plan, NAME)
+        if plan.pp_schedule == "dualpipev":
+            refuse(NAME, "a pipeline layout under DualPipeV: the layout string places stage s on rank s % pp, DualPipeV's V does not")
+        if "m" in plan.pipeline_layout:
+            refuse(NAME, "a pipeline layout with MTP modules (m): torchtitan's config functions build none")
+    check_rules(plan, NAME, ignore=SPLIT_RULES if plan.pipeline_layout is not None else ())
+
+
+def module_fqns(plan: LaunchPlan) -> list[list[str]]:
+    """torchtitan's module names of every stage, in model order, for the plan's layout: the
+    embedding on the first stage, the final norm and the output head on the last, each decoder
+    layer where the layout puts it (an empty list for a stage without layers)."""
+    from costmodel.stage_layout import StageLayout
+
+    layout = StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp)
+    stages, first = [], 0
+    for s, n in enumerate(layout.decoders):
+        stages.append(["tok_embeddings"] * (s == 0) + [f"layers.{i}" for i in range(first, first + n)]
+                      + ["norm", "lm_head"] * (s == layout.stages - 1))
+        first += n
+    return stages
+
+
+def layout_module(plan: LaunchPlan) -> str:
+    """The Python config module of a plan with a layout: the config function's config with
+    module_fqns_per_model_part set (and no layers-per-stage split to contradict it)."""
+    module, function = config_function(plan)
+    stages = ",\n".join(f"    {names!r}" for names in module_fqns(plan))
+    return (f'"""torchtitan 0.3.0 config written by `mofa export`: torchtitan.models.{module}\'s {function} with the\n'
+            f'pipeline layout {plan.pipeline_layout} (one module list per stage, in model order)."""\n'
+            f"from torchtitan.models.{module}.config_registry import {function}\n\n"
+            f"STAGES = [\n{stages},\n]\n\n\n"
+            f"def {LAYOUT_FUNCTION}():\n"
+            f"    config = {function}()\n"
+            f"    config.parallelism.pipeline_parallel_layers_per_stage = None  # the stages are the layout's\n"
+            f"    config.parallelism.module_fqns_per_model_part = [list(stage) for stage in STAGES]\n"
+            f"    return config\n")
 
 
 def torchtitan_args(plan: LaunchPlan) -> list[str]:
@@ -82,6 +127,8 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
     check(plan)
     p = plan
     module, function = config_function(p)
+    if p.pipeline_layout is not None:  # the script's config module (layout_module) wraps the function
+        module, function = LAYOUT_MODULE, LAYOUT_FUNCTION
     args = ["--module", module, "--config", function]
     replicate = p.dp if p.zero_stage == 0 else p.dp_replicate
     shard = 1 if p.zero_stage == 0 else p.dp_shard // p.cp
@@ -95,12 +142,13 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
     if p.zero_stage == 3:
         args += ["--parallelism.fsdp-reshard-after-forward", "always" if p.reshard_after_forward else "never"]
     if p.pp > 1:
-        per, less_first, less_last = _layout(p)
-        args += ["--parallelism.pipeline-parallel-schedule", _schedule(p),
-                 "--parallelism.pipeline-parallel-layers-per-stage", str(per),
-                 "--parallelism.pipeline-parallel-first-stage-less-layers", str(less_first),
-                 "--parallelism.pipeline-parallel-last-stage-less-layers", str(less_last),
-                 "--parallelism.pipeline-parallel-microbatch-size", str(p.micro_batch_size),
+        args += ["--parallelism.pipeline-parallel-schedule", _schedule(p)]
+        if p.pipeline_layout is None:
+            per, less_first, less_last = _layout(p)
+            args += ["--parallelism.pipeline-parallel-layers-per-stage", str(per),
+                     "--parallelism.pipeline-parallel-first-stage-less-layers", str(less_first),
+                     "--parallelism.pipeline-parallel-last-stage-less-layers", str(less_last)]
+        args += ["--parallelism.pipeline-parallel-microbatch-size", str(p.micro_batch_size),
                  "--training.local-batch-size", str(p.micro_batch_size * p.microbatches)]
     else:
         args += ["--training.local-batch-size", str(p.micro_batch_size)]
@@ -141,8 +189,17 @@ def torchtitan_script(plan: LaunchPlan) -> str:
         ': "${NODE_RANK:?set NODE_RANK to this node\'s rank (0..NNODES-1)}"',
         ': "${MASTER_ADDR:?set MASTER_ADDR to node 0\'s address}"',
         'MASTER_PORT="${MASTER_PORT:-29500}"',
-        "ARGS=(",
     ]
+    if plan.pipeline_layout is not None:  # torchtitan's CLI cannot give the layout: a config module does
+        lines += [
+            "# the pipeline layout: a config module on PYTHONPATH (every node writes its own copy)",
+            'LAYOUT_DIR="$(mktemp -d)"',
+            f'cat > "$LAYOUT_DIR/{LAYOUT_MODULE}.py" <<\'PY\'',
+            *layout_module(plan).splitlines(),
+            "PY",
+            'export PYTHONPATH="$LAYOUT_DIR${PYTHONPATH:+:$PYTHONPATH}"',
+        ]
+    lines += ["ARGS=("]
     # one flag (with its value) per line; the sub-command last
     i = 0
     while i < len(args):

@@ -22,6 +22,12 @@ def script_args(text: str) -> list[str]:
     return out
 
 
+def script_modules(text: str) -> dict[str, str]:
+    """{module name: source} of the Python modules the script writes before it launches
+    (`cat > "$DIR/NAME.py" <<'PY' ... PY`: torchtitan's layout config module)."""
+    return {m.group(1): m.group(2) + "\n" for m in re.finditer(r"cat > \"\$\w+/(\w+)\.py\" <<'PY'\n(.*?)\nPY\n", text, re.S)}
+
+
 def script_world(text: str) -> int:
     nodes = int(re.search(r"^NNODES=(\d+)$", text, re.M).group(1))
     per_node = int(re.search(r"^GPUS_PER_NODE=(\d+)$", text, re.M).group(1))

@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from launch_scripts import script_args, script_world, with_flag
+from launch_scripts import script_args, script_modules, script_world, with_flag
 from shipped_exports import accepted, exports, infeasible, need
 
 need("torchtitan")
@@ -35,8 +35,31 @@ def parse(args):
             raise ValueError(f"torchtitan exited {exc.code}: {err.getvalue()[-400:]}") from None
 
 
+@contextlib.contextmanager
+def written_modules(text):
+    """The config modules the script writes, on sys.path as the script's PYTHONPATH puts them
+    (fresh for every script: they share a name)."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    modules = script_modules(text)
+    with tempfile.TemporaryDirectory() as folder:
+        for name, source in modules.items():
+            (Path(folder) / f"{name}.py").write_text(source)
+            sys.modules.pop(name, None)
+        sys.path.insert(0, folder)
+        try:
+            yield
+        finally:
+            sys.path.remove(folder)
+            for name in modules:
+                sys.modules.pop(name, None)
+
+
 def check(text):
-    cfg = parse(script_args(text))
+    with written_modules(text):
+        cfg = parse(script_args(text))
     dims = ParallelDims.from_config(cfg.parallelism, world_size=script_world(text))
     return cfg, dims
 
@@ -135,3 +158,42 @@ def test_dualpipev_order_is_pytorchs():
         stub = SimpleNamespace(pp_group_size=pp, _n_microbatches=m)
         built = [[str(a) for a in ScheduleDualPipeV._calculate_single_rank_operations(stub, r)] for r in range(pp)]
         assert built == ranks, case
+
+
+def test_torchtitan_reads_an_exported_layout():
+    """A heterogeneous layout (Llama 3 405B on pp 16 x vp 8: the second stage empty, its layer on
+    the third; the same at the other end) exported as the script's config module: torchtitan's
+    ConfigManager loads the module by `--module`, its config carries one module list per stage
+    (no layers-per-stage split), every name is a module of the model torchtitan builds (on the meta
+    device), its own _split_module builds the first, an empty, a two-layer and the last stage, and
+    Interleaved1F1B places stage s on rank s % pp, as the layout model does."""
+    import torch
+    from torchtitan.distributed import pipeline_parallel as tt
+
+    from costmodel.loader import load_problem
+    from costmodel.specs import ConfigSpec
+    from costmodel.stage_layout import StageLayout
+    from mofa.launch import export
+    from mofa.launch.plan import build_plan
+
+    problem = load_problem("problems/tuning/llama3_405b_16384xh100_seq8k.yaml", ["training.dtypes.compute=fp8", "training.dtypes.grads=fp32"])
+    sizes = [0] + [1] * 126 + [0]
+    sizes[1], sizes[2], sizes[-2], sizes[-3] = 0, 2, 0, 2
+    layout = StageLayout.from_stage_sizes(16, 8, sizes, 0)
+    plan = build_plan(problem, ConfigSpec(tp=8, pp=16, vp=8, layer_split="embedding_loss", zero_stage=3), 45)
+    text = export(plan.model_copy(update={"pipeline_layout": layout.to_megatron()}), "torchtitan")
+    assert list(script_modules(text)) == ["mofa_torchtitan_layout"]
+    cfg, dims = check(text)
+    stages = cfg.parallelism.module_fqns_per_model_part
+    assert cfg.parallelism.pipeline_parallel_layers_per_stage is None
+    assert [sum(n.startswith("layers.") for n in s) for s in stages] == sizes
+    with torch.device("meta"):
+        model = cfg.model_spec.model.build()
+    names = {n for n, _ in model.named_modules()}
+    assert all(n in names for s in stages for n in s)
+    for s in (0, 1, 2, len(stages) - 1):
+        part = tt._split_module(model, stages[s])
+        assert len(part.layers) == sizes[s]
+        assert (part.tok_embeddings is not None) == (s == 0) and (part.lm_head is not None) == (s == len(stages) - 1)
+    for r in range(dims.pp):
+        assert list(tt._get_pp_rank_to_stage_indices_mapping(r, dims.pp, cfg.parallelism.pipeline_parallel_schedule, len(stages))) == list(range(r, 128, 16))

@@ -1,6 +1,8 @@
 """Heterogeneous pipeline layouts in the launch plan (issue 11): Megatron-LM and Megatron-Bridge
-get --pipeline-model-parallel-layout instead of every other split flag, torchtitan and DeepSpeed
-refuse with the reason, and `mofa solve --pipeline-layouts` searches, reports and exports it."""
+get --pipeline-model-parallel-layout instead of every other split flag, torchtitan a config module
+with every stage's modules (refused with MTP modules or under DualPipeV), DeepSpeed refuses with
+the reason; `mofa solve --pipeline-layouts` searches, reports and exports it, and `mofa evaluate
+--pipeline-layout` scores a given one."""
 
 import json
 import shlex
@@ -51,10 +53,45 @@ def test_bridge_gets_the_layout(plan):
     assert not any("account_for" in o or "num_layers_in_first" in o for o in overrides)
 
 
-@pytest.mark.parametrize("exporter", [torchtitan_args, deepspeed_config])
-def test_other_frameworks_refuse_a_layout(plan, exporter):
+def test_deepspeed_refuses_a_layout(plan):
     with pytest.raises(ExportError, match="pipeline layout"):
-        exporter(plan[0])
+        deepspeed_config(plan[0])
+
+
+@pytest.fixture(scope="module")
+def fp8_plan(plan):
+    """The layout on a plan torchtitan runs: its llama3_405b config function computes in fp8,
+    FSDP2 shards the parameters (ZeRO-3), gradients reduce in fp32."""
+    problem = load_problem(str(LLAMA405), ["training.dtypes.compute=fp8", "training.dtypes.grads=fp32"])
+    base = build_plan(problem, ConfigSpec(tp=8, pp=16, vp=8, layer_split="embedding_loss", zero_stage=3), 45)
+    return base.model_copy(update={"pipeline_layout": plan[1].to_megatron()}), plan[1]
+
+
+def test_torchtitan_gets_the_layout_as_a_config_module(fp8_plan):
+    """torchtitan's command line cannot give module_fqns_per_model_part, so the script writes a
+    config module (every stage's modules, in model order) and launches it; no layers-per-stage
+    split beside it. tests/frameworks/test_torchtitan.py has torchtitan read it."""
+    from mofa.launch.torchtitan import LAYOUT_FUNCTION, LAYOUT_MODULE, module_fqns, torchtitan_script
+
+    p, layout = fp8_plan
+    stages = module_fqns(p)
+    assert [sum(n.startswith("layers.") for n in s) for s in stages] == list(layout.decoders)
+    assert stages[0][0] == "tok_embeddings" and stages[-1][-2:] == ["norm", "lm_head"]
+    assert [n for s in stages for n in s if n.startswith("layers.")] == [f"layers.{i}" for i in range(126)]
+    args = torchtitan_args(p)
+    assert args[args.index("--module") + 1] == LAYOUT_MODULE and args[args.index("--config") + 1] == LAYOUT_FUNCTION
+    assert not any("layers-per-stage" in a or "less-layers" in a for a in args)
+    script = torchtitan_script(p)
+    assert f"cat > \"$LAYOUT_DIR/{LAYOUT_MODULE}.py\" <<'PY'" in script and "from torchtitan.models.llama3.config_registry import llama3_405b" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_torchtitan_refuses_a_layout_it_cannot_place(fp8_plan):
+    p, _ = fp8_plan
+    with pytest.raises(ExportError, match="DualPipeV"):
+        torchtitan_args(p.model_copy(update={"pp_schedule": "dualpipev", "vp": 2}))
+    with pytest.raises(ExportError, match="MTP"):
+        torchtitan_args(p.model_copy(update={"pipeline_layout": p.pipeline_layout[:-1] + "mL"}))
 
 
 def test_solve_pipeline_layouts(tmp_path):
