@@ -17,9 +17,9 @@ def add_arguments(p) -> None:
     add_convention_option(p)
     add_simulate_option(p, "the configuration")
     p.add_argument("--pipeline-layout", metavar="LAYOUT",
-                   help="also score the configuration with this heterogeneous pipeline layout, Megatron-Core's "
-                        "--pipeline-model-parallel-layout (e.g. 'Et*3|(tt|)*29,|mL'), next to its own split, both on the "
-                        "simulated schedule with every rank's own memory ledger; with --json the launch plan takes the layout")
+                   help="also score the configuration with this heterogeneous pipeline layout, in Megatron Core's layout "
+                        "string (e.g. 'Et*3|(tt|)*29,|mL'), next to its own split, both on the simulated schedule with "
+                        "every rank's own memory ledger; with --json the launch plan takes the layout (default: none)")
     add_json_option(p)
 
 
