@@ -334,8 +334,8 @@ def config_label(c: dict) -> str:
     if c.get("ep", 1) > 1 or c.get("etp", 1) > 1:
         parts.append(f"etp={c['etp']}")
     parts.append(f"mbs={c['mbs']}")
-    if c["pp"] > 1:
-        parts.append(f"layers first/last={c['first_stage_layers']}/{c['last_stage_layers']}")
+    if c["pp"] > 1:  # a launch plan's heterogeneous layout replaces the first/last split
+        parts.append("layers by the pipeline layout" if c.get("pipeline_layout") else f"layers first/last={c['first_stage_layers']}/{c['last_stage_layers']}")
         schedule = c["pp_schedule"] + (f"(nc={c['pp_group']})" if c.get("pp_group") else "")
         parts.append(schedule)
     if c["cp"] > 1:

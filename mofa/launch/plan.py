@@ -123,6 +123,7 @@ class LaunchPlan(BaseModel):
 
         row = {"tp": self.tp, "cp": self.cp, "pp": self.pp, "vp": self.vp, "dp": self.dp, "ep": self.ep, "etp": self.etp,
                "mbs": self.micro_batch_size, "first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers,
+               "pipeline_layout": self.pipeline_layout,
                "pp_schedule": self.pp_schedule, "pp_group": self.pp_group, "cp_comm": self.cp_comm, "cp_a2a": self.cp_a2a,
                "zero_stage": self.zero_stage, "reshard_after_forward": self.reshard_after_forward,
                "dp_shard": self.dp_shard if self.hsdp else None, "recompute": self.recompute, "recompute_method": self.recompute_method,

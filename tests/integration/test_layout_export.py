@@ -246,3 +246,10 @@ def test_a_bad_given_layout_is_one_line(text, fragment):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(DSV3) in lines[0] and "--pipeline-layout" in lines[0] and fragment in lines[0]
+
+
+def test_a_launch_plan_with_a_layout_says_so_in_its_label(fp8_plan):
+    """The launch files' header names the plan: with a layout, not the first/last split it replaced."""
+    p, _ = fp8_plan
+    assert "layers by the pipeline layout" in p.label() and "first/last" not in p.label()
+    assert "layers first/last=7/7" in p.model_copy(update={"pipeline_layout": None}).label()

@@ -153,3 +153,21 @@ def test_recompute_needs_a_full_recompute_skeleton(llama):
     layout = megatron_layout(126, 0, 16, 8, 7, 7)
     with pytest.raises(LayoutError, match="no full recompute"):
         score_layout(ctx, layout.with_recompute([min(1, d) for d in layout.decoders]))
+
+
+@pytest.mark.parametrize("columns,reason", [
+    (dict(pp=16, vp=2, pp_schedule=4), "pp_schedule dualpipev (supported: 1f1b, interleaved_1f1b)"),
+    (dict(pp=16, vp=8, zero_stage=2), "zero_stage 2 (supported: 0, 1)"),
+    (dict(pp=16, vp=8, activation_offload=1), "activation offload"),
+    (dict(pp=16, vp=8, moe_chunks=2), "FCDA moe_chunks"),
+])
+def test_skeletons_the_layout_model_does_not_cover_are_refused(llama, columns, reason):
+    """What the per-chunk layout model does not price is refused by name (`mofa solve
+    --pipeline-layouts` reports it as the search's `refused`), never scored wrongly."""
+    from costmodel.configs import PP_SCHEDULE_CODES
+
+    problem, _, _ = llama
+    assert PP_SCHEDULE_CODES["dualpipev"] == 4
+    cfg = ConfigBatch.from_columns(16384, tp=8, mbs=1, first_layers=7, last_layers=7, **columns)
+    with pytest.raises(LayoutError, match="layout search does not model " + reason.replace("(", r"\(").replace(")", r"\)")):
+        layout_context(problem, cfg)
