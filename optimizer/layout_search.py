@@ -2329,8 +2329,14 @@ def own_layout(ctx: LayoutContext) -> StageLayout:
     own = megatron_layout(m.num_layers, m.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
     if not ctx.recompute_allowed:
         return own
-    n = int(cfg.recompute_layers[0]) if int(cfg.recompute_method[0]) == 1 else max(own.decoders)
-    return own.with_recompute([min(n, d) for d in own.decoders])
+    return with_launched_recompute(own, int(cfg.recompute_layers[0]) if int(cfg.recompute_method[0]) == 1 else None)
+
+
+def with_launched_recompute(layout: StageLayout, block_layers: int | None) -> StageLayout:
+    """The layout with the recompute Megatron launches on it under full recompute: the block
+    method's N recomputes the first min(N, layers) of every stage; uniform (None) every layer."""
+    n = max(layout.decoders) if block_layers is None else block_layers
+    return layout.with_recompute([min(n, d) for d in layout.decoders])
 
 
 def launch_recompute(layout: StageLayout) -> dict:
@@ -2384,8 +2390,7 @@ def given_layout_report(problem, cfg, text: str, block_layers: int | None = None
     ctx = layout_context(problem, cfg)
     layout = StageLayout.from_megatron(text, ctx.pp, ctx.vp)
     if ctx.recompute_allowed:
-        n = block_layers if block_layers is not None else max(layout.decoders)
-        layout = layout.with_recompute([min(n, d) for d in layout.decoders])
+        layout = with_launched_recompute(layout, block_layers)
     own = own_layout(ctx)
     score, own_score = score_layout(ctx, layout), score_layout(ctx, own)
     report = {

@@ -74,6 +74,13 @@ def _layout(p: LaunchPlan) -> tuple[int, int, int]:
 
 LAYOUT_MODULE, LAYOUT_FUNCTION = "mofa_torchtitan_layout", "mofa_config"
 
+
+def _stage_layout(plan: LaunchPlan):
+    """The plan's layout string parsed (costmodel.stage_layout, the one reader of it)."""
+    from costmodel.stage_layout import StageLayout
+
+    return StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp)
+
 #: the rules on the first / last ranks' layer counts: a layout replaces that split
 SPLIT_RULES = ("uneven_interleaved", "shorter_ends_only")
 
@@ -86,7 +93,7 @@ def check(plan: LaunchPlan) -> None:
     if plan.pipeline_layout is not None:
         if plan.pp_schedule == "dualpipev":
             refuse(NAME, "a pipeline layout under DualPipeV: the layout string places stage s on rank s % pp, DualPipeV's V does not")
-        if "m" in plan.pipeline_layout:
+        if _stage_layout(plan).mtp_layers:
             refuse(NAME, "a pipeline layout with MTP modules (m): torchtitan's config functions build none")
     check_rules(plan, NAME, ignore=SPLIT_RULES if plan.pipeline_layout is not None else ())
 
@@ -95,9 +102,7 @@ def module_fqns(plan: LaunchPlan) -> list[list[str]]:
     """torchtitan's module names of every stage, in model order, for the plan's layout: the
     embedding on the first stage, the final norm and the output head on the last, each decoder
     layer where the layout puts it (an empty list for a stage without layers)."""
-    from costmodel.stage_layout import StageLayout
-
-    layout = StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp)
+    layout = _stage_layout(plan)
     stages, first = [], 0
     for s, n in enumerate(layout.decoders):
         stages.append(["tok_embeddings"] * (s == 0) + [f"layers.{i}" for i in range(first, first + n)]
