@@ -224,13 +224,6 @@ def _torchtitan_rules() -> tuple[Rule, ...]:
     mofa/launch/torchtitan.py for how a plan maps to its flags)."""
     moe = lambda f: f.model.moe is not None  # noqa: E731
 
-    def uneven(f, c):
-        return layer_split_codes(f.model.num_layers, c) >= 3  # uneven, or a layout's uneven ranks
-
-    def longer_ends(f, c):
-        middle = floor_div(f.model.num_layers - c.first_layers - c.last_layers, np.maximum(c.pp - 2, 1))
-        return uneven(f, c) & (c.pp > 2) & ((c.first_layers > middle) | (c.last_layers > middle))
-
     return (
         Rule("fsdp_shards_parameters", ("zero_stage",),
              "ZeRO-{zero_stage} keeps whole parameters; torchtitan's FSDP2 always shards them (ZeRO-3), or replicates everything (ZeRO-0)",
@@ -287,12 +280,6 @@ def _torchtitan_rules() -> tuple[Rule, ...]:
         Rule("no_flexible_rounds", ("pp", "pp_schedule"),
              "the flexible schedule's round size (nc != pp) has no flag: Interleaved1F1B rounds by pp",
              lambda f, c: (c.pp > 1) & (c.pp_schedule == S["flexible"])),
-        Rule("uneven_interleaved", ("pp", "vp", "first_layers", "last_layers"),
-             "uneven first/last ranks with virtual stages: torchtitan shortens only the first and last virtual stage (rank 0's under DualPipeV's V: its split, costmodel.layout.vee_split, is exported)",
-             lambda f, c: uneven(f, c) & (c.vp > 1) & (c.pp_schedule != S["dualpipev"])),  # under the V both are rank 0's
-        Rule("shorter_ends_only", ("pp", "vp", "first_layers", "last_layers"),
-             "a first or last rank with more layers than the middle ranks: torchtitan only shortens them",
-             lambda f, c: longer_ends(f, c) & (c.vp == 1)),
     )
 
 

@@ -67,7 +67,7 @@ def _layout(p: LaunchPlan) -> tuple[int, int, int]:
         sizes, _ = stage_sizes(L, p.pp, 2, p.first_stage_layers, p.last_stage_layers, True)
         per = int(sizes[1])
         return per, per - int(sizes[0]), per - int(sizes[-1])
-    # the rules uneven_interleaved and shorter_ends_only refuse other uneven splits
+    # other uneven splits are given as module lists (split_layout)
     per = p.middle_stage_layers if p.pp > 2 else max(p.first_stage_layers, p.last_stage_layers)
     return per, per - p.first_stage_layers, per - p.last_stage_layers
 
@@ -81,28 +81,47 @@ def _stage_layout(plan: LaunchPlan):
 
     return StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp)
 
-#: the rules on the first / last ranks' layer counts: a layout replaces that split
-SPLIT_RULES = ("uneven_interleaved", "shorter_ends_only")
+def split_layout(plan: LaunchPlan):
+    """The layers of every stage torchtitan must be given as module lists
+    (module_fqns_per_model_part, in a config module): the plan's heterogeneous layout where it
+    has one; else its layer split (costmodel.pipeline.stage_sizes, what the model priced) where
+    torchtitan's split flags cannot give it: they set one count for every stage and take layers
+    off the first and the last stage only, so an interleaved split with uneven first / last
+    ranks (each of its vp stages shorter) or a first or last rank longer than the others needs
+    the lists. None where the flags give the split (_layout), DualPipeV's V split among them."""
+    from costmodel.pipeline import stage_sizes
+    from costmodel.stage_layout import StageLayout
+
+    if plan.pipeline_layout is not None:
+        return _stage_layout(plan)
+    if plan.pp == 1 or plan.pp_schedule == "dualpipev":
+        return None
+    stages = plan.pp * plan.vp
+    sizes, _ = stage_sizes(plan.model.num_layers, plan.pp, plan.vp, plan.first_stage_layers, plan.last_stage_layers, False)
+    per, less_first, less_last = _layout(plan)
+    if less_first >= 0 and less_last >= 0 and sizes.tolist() == [per - less_first] + [per] * (stages - 2) + [per - less_last]:
+        return None
+    return StageLayout.from_stage_sizes(plan.pp, plan.vp, sizes, plan.model.mtp_layers)
 
 
 def check(plan: LaunchPlan) -> None:
     """What torchtitan 0.3.0 cannot run: the rules of costmodel.frameworks, which the search
-    applies under `--framework torchtitan`, but for those on the split a layout replaces; a
-    layout under DualPipeV (Megatron's layout string places stage s on rank s % pp, the V does
-    not) or holding MTP modules (torchtitan builds none)."""
+    applies under `--framework torchtitan`; a layout under DualPipeV (Megatron's layout string
+    places stage s on rank s % pp, the V does not) or holding MTP modules (torchtitan builds
+    none)."""
     if plan.pipeline_layout is not None:
         if plan.pp_schedule == "dualpipev":
             refuse(NAME, "a pipeline layout under DualPipeV: the layout string places stage s on rank s % pp, DualPipeV's V does not")
         if _stage_layout(plan).mtp_layers:
             refuse(NAME, "a pipeline layout with MTP modules (m): torchtitan's config functions build none")
-    check_rules(plan, NAME, ignore=SPLIT_RULES if plan.pipeline_layout is not None else ())
+    check_rules(plan, NAME)
 
 
 def module_fqns(plan: LaunchPlan) -> list[list[str]]:
-    """torchtitan's module names of every stage, in model order, for the plan's layout: the
-    embedding on the first stage, the final norm and the output head on the last, each decoder
-    layer where the layout puts it (an empty list for a stage without layers)."""
-    layout = _stage_layout(plan)
+    """torchtitan's module names of every stage, in model order, for the plan's split_layout:
+    the embedding on the first stage, the final norm and the output head on the last, each
+    decoder layer where the layout puts it (an empty list for a stage without layers)."""
+    layout = split_layout(plan)
     stages, first = [], 0
     for s, n in enumerate(layout.decoders):
         stages.append(["tok_embeddings"] * (s == 0) + [f"layers.{i}" for i in range(first, first + n)]
@@ -117,7 +136,7 @@ def layout_module(plan: LaunchPlan) -> str:
     module, function = config_function(plan)
     stages = ",\n".join(f"    {names!r}" for names in module_fqns(plan))
     return (f'"""torchtitan 0.3.0 config written by `mofa export`: torchtitan.models.{module}\'s {function} with the\n'
-            f'pipeline layout {plan.pipeline_layout} (one module list per stage, in model order)."""\n'
+            f'pipeline layout {split_layout(plan).to_megatron()} (one module list per stage, in model order)."""\n'
             f"from torchtitan.models.{module}.config_registry import {function}\n\n"
             f"STAGES = [\n{stages},\n]\n\n\n"
             f"def {LAYOUT_FUNCTION}():\n"
@@ -132,7 +151,8 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
     check(plan)
     p = plan
     module, function = config_function(p)
-    if p.pipeline_layout is not None:  # the script's config module (layout_module) wraps the function
+    layout = split_layout(p)
+    if layout is not None:  # the script's config module (layout_module) wraps the function
         module, function = LAYOUT_MODULE, LAYOUT_FUNCTION
     args = ["--module", module, "--config", function]
     replicate = p.dp if p.zero_stage == 0 else p.dp_replicate
@@ -148,7 +168,7 @@ def torchtitan_args(plan: LaunchPlan) -> list[str]:
         args += ["--parallelism.fsdp-reshard-after-forward", "always" if p.reshard_after_forward else "never"]
     if p.pp > 1:
         args += ["--parallelism.pipeline-parallel-schedule", _schedule(p)]
-        if p.pipeline_layout is None:
+        if layout is None:
             per, less_first, less_last = _layout(p)
             args += ["--parallelism.pipeline-parallel-layers-per-stage", str(per),
                      "--parallelism.pipeline-parallel-first-stage-less-layers", str(less_first),
@@ -195,7 +215,7 @@ def torchtitan_script(plan: LaunchPlan) -> str:
         ': "${MASTER_ADDR:?set MASTER_ADDR to node 0\'s address}"',
         'MASTER_PORT="${MASTER_PORT:-29500}"',
     ]
-    if plan.pipeline_layout is not None:  # torchtitan's CLI cannot give the layout: a config module does
+    if split_layout(plan) is not None:  # torchtitan's CLI cannot give the layout: a config module does
         lines += [
             "# the pipeline layout: a config module on PYTHONPATH (every node writes its own copy)",
             'LAYOUT_DIR="$(mktemp -d)"',

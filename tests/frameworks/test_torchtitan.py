@@ -105,8 +105,11 @@ def test_torchtitan_splits_layers_as_the_plan():
         cfg, dims = check(e.text)
         p = e.plan
         L = p.model.num_layers
-        stages, layers, first_weight, last_weight = tt._get_pipeline_metadata(dims, cfg.parallelism, SimpleNamespace(layers=[None] * L))
-        parts = tt._generate_llm_fqn_per_model_part(stages, layers, first_weight, last_weight)
+        parts = cfg.parallelism.module_fqns_per_model_part  # a split its flags cannot give: the script's module lists
+        if not parts:
+            stages, layers, first_weight, last_weight = tt._get_pipeline_metadata(dims, cfg.parallelism, SimpleNamespace(layers=[None] * L))
+            parts = tt._generate_llm_fqn_per_model_part(stages, layers, first_weight, last_weight)
+        stages = len(parts)
         per_stage = [sum(name.startswith("layers.") for name in part) for part in parts]
         vee = p.pp_schedule == "dualpipev"
         sizes, rank = stage_sizes(L, p.pp, p.vp, p.first_stage_layers, p.last_stage_layers, vee)
@@ -197,3 +200,38 @@ def test_torchtitan_reads_an_exported_layout():
         assert (part.tok_embeddings is not None) == (s == 0) and (part.lm_head is not None) == (s == len(stages) - 1)
     for r in range(dims.pp):
         assert list(tt._get_pp_rank_to_stage_indices_mapping(r, dims.pp, cfg.parallelism.pipeline_parallel_schedule, len(stages))) == list(range(r, 128, 16))
+
+
+def test_torchtitan_splits_uneven_interleaved_ranks_as_the_plan():
+    """An interleaved split with uneven first / last ranks (Llama 3 405B on pp 8 x vp 2, 8 layers
+    on rank 0, 10 on rank 7, 18 on the others: each of the end ranks' two stages shorter), which
+    torchtitan's split flags cannot give (they shorten one stage at each end): the exported
+    config module's lists are read by ConfigManager, hold the stages the model priced
+    (costmodel.pipeline.stage_sizes) and build on the meta-device model, and Interleaved1F1B
+    places stage s on rank s % pp."""
+    import torch
+    from torchtitan.distributed import pipeline_parallel as tt
+
+    from costmodel.loader import load_problem
+    from costmodel.pipeline import stage_sizes
+    from costmodel.specs import ConfigSpec
+    from mofa.launch import export
+    from mofa.launch.plan import build_plan
+
+    problem = load_problem("problems/tuning/llama3_405b_16384xh100_seq8k.yaml", ["training.dtypes.compute=fp8", "training.dtypes.grads=fp32"])
+    plan = build_plan(problem, ConfigSpec(tp=8, pp=8, vp=2, first_stage_layers=8, last_stage_layers=10, layer_split="uneven", zero_stage=3), 45)
+    assert (plan.layer_split, plan.pipeline_layout) == ("uneven", None)
+    text = export(plan, "torchtitan")
+    assert list(script_modules(text)) == ["mofa_torchtitan_layout"]
+    cfg, dims = check(text)
+    sizes, rank = stage_sizes(126, 8, 2, 8, 10, False)
+    assert sizes.tolist() == [4, 9, 9, 9, 9, 9, 9, 5, 4, 9, 9, 9, 9, 9, 9, 5]
+    stages = cfg.parallelism.module_fqns_per_model_part
+    assert [sum(n.startswith("layers.") for n in s) for s in stages] == sizes.tolist()
+    with torch.device("meta"):
+        model = cfg.model_spec.model.build()
+    for s in (0, 7, 8, len(stages) - 1):
+        assert len(tt._split_module(model, stages[s]).layers) == sizes[s]
+    for r in range(dims.pp):
+        mine = tt._get_pp_rank_to_stage_indices_mapping(r, dims.pp, cfg.parallelism.pipeline_parallel_schedule, len(stages))
+        assert list(mine) == [s for s in range(16) if rank[s] == r]

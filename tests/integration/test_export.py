@@ -121,13 +121,36 @@ def test_uneven_first_and_last_stages(tmp_path):
     overrides = bridge_overrides(plan)
     assert "model.num_layers_in_first_pipeline_stage=6" in overrides and "model.num_layers_in_last_pipeline_stage=10" in overrides
     assert "model.virtual_pipeline_model_parallel_size=null" in overrides
-    # torchtitan: the middle ranks' 8 layers per stage, the first 2 and the last -2 fewer: a longer last rank is refused
-    with pytest.raises(ExportError, match="more layers than the middle"):
-        torchtitan_args(plan)
+    # torchtitan: shorter ends by its split flags (the middle ranks' 9 layers per stage, the first 3 and the last 1 fewer)
     args = torchtitan_args(plan_of(problem, tp=2, pp=4, zero_stage=3, first_stage_layers=6, last_stage_layers=8, layer_split="uneven"))
     assert flag_value(args, "--parallelism.pipeline-parallel-layers-per-stage") == "9"
     assert flag_value(args, "--parallelism.pipeline-parallel-first-stage-less-layers") == "3"
     assert flag_value(args, "--parallelism.pipeline-parallel-last-stage-less-layers") == "1"
+    assert "--module" in args and args[args.index("--module") + 1] == "llama3"
+
+
+@pytest.mark.parametrize("pp, vp, first, last", [(4, 1, 6, 10), (4, 2, 6, 10), (4, 2, 7, 7)])
+def test_torchtitan_gets_splits_its_flags_cannot_give_as_module_lists(tmp_path, pp, vp, first, last):
+    """A last rank longer than the middle ones (its flags only take layers off the ends) and
+    uneven ranks with virtual stages (the flags shorten one stage at each end, the split every
+    stage of the rank): the script's config module lists each stage's modules, the stages the
+    model priced (costmodel.pipeline.stage_sizes), in model order."""
+    from costmodel.pipeline import stage_sizes
+    from mofa.launch.torchtitan import LAYOUT_MODULE, module_fqns, split_layout, torchtitan_script
+
+    problem = small_problem(tmp_path)  # 32 layers
+    plan = plan_of(problem, tp=2, pp=pp, vp=vp, zero_stage=3, first_stage_layers=first, last_stage_layers=last, layer_split="uneven")
+    sizes, _ = stage_sizes(32, pp, vp, first, last, False)
+    assert list(split_layout(plan).decoders) == sizes.tolist() and sizes[0] != sizes[1]
+    stages = module_fqns(plan)
+    assert [sum(n.startswith("layers.") for n in s) for s in stages] == sizes.tolist()
+    assert [n for s in stages for n in s if n.startswith("layers.")] == [f"layers.{i}" for i in range(32)]
+    args = torchtitan_args(plan)
+    assert args[args.index("--module") + 1] == LAYOUT_MODULE
+    assert not any("layers-per-stage" in a or "less-layers" in a for a in args)
+    script = torchtitan_script(plan)
+    assert f"cat > \"$LAYOUT_DIR/{LAYOUT_MODULE}.py\" <<'PY'" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
 def test_param_gather_overlap_only_with_the_distributed_optimizer(tmp_path):
