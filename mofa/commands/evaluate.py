@@ -49,14 +49,14 @@ def run(args) -> int:
         except LayoutError as exc:
             raise ProblemError(args.problem, "--pipeline-layout", str(exc)) from None
     if args.json:  # the typed launch plan `mofa export` reads
-        from mofa.launch.plan import build_plan
+        from mofa.launch.plan import build_plan, with_pipeline_layout
 
         plan = build_plan(problem, batch.spec(0), result["checkpoint_interval"])
         if layout is not None:  # with full recompute, the N the layout was scored with (block method)
             from optimizer.layout_search import launch_recompute
 
             recompute = launch_recompute(layout) if "recompute" in result["pipeline_layout"] else {}
-            plan = plan.model_copy(update={"pipeline_layout": layout.to_megatron(), **recompute})
+            plan = with_pipeline_layout(plan, layout).model_copy(update=recompute)
         result["plan"] = plan.model_dump(mode="json")
     text = render_evaluation(problem.name, result)
     if layout is not None:

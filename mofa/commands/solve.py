@@ -152,6 +152,7 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
     if simulate and out.get("best"):  # the skeleton's schedule (a layout search replays its own layouts)
         out["pipeline_replay"] = finite(pipeline_replay(problem, result.top_configs.take([0])))
     if layout_time_limit_s is not None and out.get("best"):
+        from mofa.launch.plan import with_pipeline_layout
         from optimizer.layout_search import launch_recompute, layout_report
 
         report, layout = layout_report(problem, result.top_configs.take([0]), layout_time_limit_s)
@@ -159,7 +160,7 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
         if layout is not None:
             # a configuration with full recompute: the layout chose its recompute too (one N, block method)
             recompute = launch_recompute(layout) if "recompute" in report else {}
-            plans = [plans[0].model_copy(update={"pipeline_layout": layout.to_megatron(), **recompute}), *plans[1:]]
+            plans = [with_pipeline_layout(plans[0], layout).model_copy(update=recompute), *plans[1:]]
             out["best"]["plan"] = plans[0].model_dump(mode="json")
             out["top"][0]["plan"] = out["best"]["plan"]
     if out.get("best"):

@@ -223,3 +223,32 @@ def build_plan(problem, spec, checkpoint_interval: int | None = None) -> LaunchP
         train_iters=tr.total_steps,
         checkpoint_interval=interval,
     )
+
+
+def with_pipeline_layout(plan: LaunchPlan, layout) -> LaunchPlan:
+    """The plan launching a heterogeneous layout (costmodel.stage_layout.StageLayout, the layout
+    search's or the user's): by the split flags where they build exactly its stages (the first
+    and last ranks' layer counts, as build_plan writes a split: every framework reads them, where
+    DeepSpeed reads no layout string and older Megatron-LM has none), else as the layout string,
+    which replaces the split. Its recompute fields are the caller's (launch_recompute)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from costmodel.layout import flag_split_ok, layout_name
+    from costmodel.stage_layout import LayoutError, megatron_layout
+
+    L, pp, vp = plan.model.num_layers, plan.pp, plan.vp
+    first, last = sum(layout.decoders[0::pp]), sum(layout.decoders[pp - 1::pp])
+    row = SimpleNamespace(pp=np.array([pp]), vp=np.array([vp]), first_layers=np.array([first]), last_layers=np.array([last]))
+    if pp > 1 and plan.pp_schedule != "dualpipev" and flag_split_ok(L, row)[0]:
+        try:
+            flags = megatron_layout(L, plan.model.mtp_layers, pp, vp, first, last)
+        except LayoutError:
+            flags = None
+        if flags is not None and (flags.decoders, flags.mtp) == (layout.decoders, layout.mtp):
+            return plan.model_copy(update={
+                "layer_split": layout_name(L, pp, vp, first, last, plan.pp_schedule), "first_stage_layers": first,
+                "last_stage_layers": last, "middle_stage_layers": (L - first - last) // (pp - 2) if pp > 2 else 0,
+                "pipeline_layout": None})
+    return plan.model_copy(update={"pipeline_layout": layout.to_megatron()})

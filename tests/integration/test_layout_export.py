@@ -53,6 +53,30 @@ def test_bridge_gets_the_layout(plan):
     assert not any("account_for" in o or "num_layers_in_first" in o for o in overrides)
 
 
+def test_a_layout_the_split_flags_build_is_launched_by_them(plan):
+    """Issue 11's "first/last stage counts where that suffices": a layout equal to a flag split
+    (the embedding/loss-accounted one, an uneven one) is launched by the flags, which every
+    framework reads (DeepSpeed reads no layout string); any other stays the layout string."""
+    from costmodel.stage_layout import megatron_layout
+    from mofa.launch.plan import with_pipeline_layout
+
+    p, layout = plan
+    base = p.model_copy(update={"pipeline_layout": None})
+    accounted = with_pipeline_layout(base, megatron_layout(126, 0, 16, 8, 7, 7))
+    assert (accounted.layer_split, accounted.pipeline_layout) == ("embedding_loss", None)
+    assert "--account-for-embedding-in-pipeline-split" in megatron_flags(accounted)
+    assert with_pipeline_layout(base, layout).pipeline_layout == layout.to_megatron()  # no flag split builds it
+    # 8 / 6 on pp 16 x vp 8: no flag split (vp divides neither end's count and the middle 112 layers
+    # would need 110), so the layout string, though its ranks are a first/last split's
+    eight_six = megatron_layout(126, 0, 16, 8, 8, 6)
+    assert with_pipeline_layout(base, eight_six).pipeline_layout == eight_six.to_megatron()
+    problem = load_problem(str(LLAMA405))
+    flat = build_plan(problem, ConfigSpec(tp=8, pp=16, vp=1, layer_split="embedding_loss", zero_stage=1), 45)
+    uneven = with_pipeline_layout(flat, megatron_layout(126, 0, 16, 1, 6, 8))
+    assert (uneven.layer_split, uneven.first_stage_layers, uneven.last_stage_layers, uneven.middle_stage_layers) == ("uneven", 6, 8, 8)
+    assert uneven.pipeline_layout is None and "--decoder-first-pipeline-num-layers" in megatron_flags(uneven)
+
+
 def test_deepspeed_refuses_a_layout(plan):
     with pytest.raises(ExportError, match="pipeline layout"):
         deepspeed_config(plan[0])
