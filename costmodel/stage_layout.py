@@ -25,9 +25,12 @@ makespan: the slowest rank's m micro-batches plus the chain of stages before it.
 rank is costmodel.memory's ledger with the activations the rank really holds at its peak: the
 schedule's op list says, at every forward, how many micro-batches of each local chunk are in
 flight (`held_chunks`), and the peak is the largest sum of those chunks' activation bytes.
-Exposed P2P and the step-level DP and optimizer terms are the skeleton's (layout-independent
-here: the P2P hops hide behind the mean chunk; DP and the update are taken from the
-configuration's own split, an approximation where a layout moves parameters between ranks).
+Exposed P2P is the skeleton's (layout-independent here: the P2P hops hide behind the mean
+chunk). The step-level DP reduce and optimizer update are each rank's own (`rank_update_s`, as
+costmodel.evaluate prices a rank class: the rank's parameters from its ledger, its cool-down
+backward as the overlap window), the busiest rank's counting: a layout that piles layers on a
+rank gives it more gradients to reduce (Llama 3 405B cp 1 on pp 16 x vp 8, 12 layers on rank 14:
+0.50 s against the even split's 0.33 s). For a Megatron split it equals the exact model's term.
 
 Per-stage full recompute (`StageLayout.recompute`): where the skeleton has full recompute (any
 method and N), a layout says how many decoder layers of each stage are fully recomputed, its
@@ -40,7 +43,7 @@ working set; once per rank, of the largest kind it recomputes). The other layers
 skeleton without full recompute charges (`LayoutContext.cfg_plain`, whose ledger every rank's
 peak is read from). A layout recomputing min(N, layers) of every stage scores as the
 configuration with block N, and one recomputing nothing as recompute none
-(tests/unit/test_stage_layout.py). The step-level DP and update terms stay the skeleton's.
+(tests/unit/test_stage_layout.py).
 Megatron takes one --recompute-num-layers for every chunk: `StageLayout.uniform_recompute`
 says which N a layout's counts are, if any.
 
@@ -60,6 +63,8 @@ import re
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from costmodel.arrays import blend
+from costmodel.compute import ComputeModel
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
 from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory
@@ -68,7 +73,8 @@ from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, si
 from costmodel.placement import stage_groups
 from costmodel.schedule_sim import schedule_ops, simulate
 from costmodel.specs import Problem
-from costmodel.units import US
+from costmodel.units import DTYPE_BYTES, US
+from costmodel.update import optimizer_time
 
 SYMBOLS = "EtmL"
 
@@ -284,7 +290,8 @@ class LayoutContext:
     hop_s: float
     held: tuple[np.ndarray, ...]
     ops: list  # schedule_sim's op lists of the skeleton's schedule
-    step_rest_s: float  # exposed DP communication and the optimizer update (the skeleton's)
+    net: Network  # what each rank's DP reduce and optimizer update are priced on (rank_update_s)
+    groups: object  # costmodel.placement.stage_groups of the skeleton
 
     @property
     def pp(self) -> int:
@@ -356,13 +363,12 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     pp, vp = int(cfg.pp[0]), int(cfg.vp[0])
     sim_schedule, sim_group = simulated_schedule(cfg, 0)
     held = held_chunks(sim_schedule, pp, vp, int(micro), sim_group)
-    rest = float(base.breakdown_s["dp"][0] + base.breakdown_s["update"][0])
     return LayoutContext(
         problem=problem, cfg=cfg, cfg_plain=plain, lc=lc, lc_full=lc_full, kinds=kinds, kind_of_layer=kind_of_layers(m, tr),
         mtp_kind=kinds.index(mtp_kind(m, tr)) if m.mtp_layers else None, microbatches=int(micro),
         chunk_overhead_s=hw.efficiency.stage_overhead_us * US, mc=mc, communicators=communicator_count(cfg, cfg.derived(), m.moe is not None),
         hop_s=float(net.p2p_hop(lc.hop_bytes, groups.pp)[0]), held=held,
-        ops=schedule_ops(sim_schedule, pp, vp, int(micro), sim_group), step_rest_s=rest,
+        ops=schedule_ops(sim_schedule, pp, vp, int(micro), sim_group), net=net, groups=groups,
     )
 
 
@@ -378,6 +384,7 @@ class LayoutScore:
     fits: bool
     pipeline_s: float  # the simulated schedule's makespan + exposed P2P
     pp_exposed_s: float
+    update_s: float  # the busiest rank's exposed DP communication and optimizer update (rank_update_s)
     step_time_s: float
     bound_s: float  # critical_path_bound_s: a lower bound on the makespan (the layout search's objective)
     closed_form_s: float  # costmodel.pipeline's rank-level closed form, for comparison
@@ -473,7 +480,12 @@ def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: 
 
 
 def rank_peak_bytes(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomputed: np.ndarray, last: bool, mtp_layers: int) -> float:
-    """The exact ledger's peak of a rank whose local chunks hold these [chunk, kind] layers
+    """The peak of rank_peak_ledger's ledger."""
+    return _scalar(rank_peak_ledger(ctx, rank, chunks, recomputed, last, mtp_layers).peak)
+
+
+def rank_peak_ledger(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomputed: np.ndarray, last: bool, mtp_layers: int):
+    """The exact ledger of a rank whose local chunks hold these [chunk, kind] layers
     (MTP included) and recompute these [chunk, kind] ones: its activations at the peak are the
     largest in-flight vector of ctx.held weighted by each chunk's bytes (a recomputed layer
     keeps its input, the others their activations) plus the working set of a recomputed layer
@@ -485,8 +497,24 @@ def rank_peak_bytes(ctx: LayoutContext, rank: int, chunks: np.ndarray, recompute
     held = float((ctx.held[rank] @ chunk_bytes).max()) + float(recompute_working_bytes(u, recomputed.sum(axis=0)))
     mean_chunk = kept.sum() / len(kept)
     in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
-    ledger = rank_ledger(ctx, chunks.sum(axis=0), rank == 0, last, mtp_layers, in_flight)
-    return _scalar(ledger.peak)
+    return rank_ledger(ctx, chunks.sum(axis=0), rank == 0, last, mtp_layers, in_flight)
+
+
+def rank_update_s(ctx: LayoutContext, ledger, forward_s: float, backward_s: float) -> float:
+    """Exposed DP communication and optimizer update of one rank (its ledger's parameters;
+    forward_s / backward_s: one micro-batch over all its chunks), priced as costmodel.evaluate
+    prices each rank class (costmodel.update.optimizer_time): the reduce of the rank's own
+    gradients hides behind its cool-down backward, eq. 24's window of (vp - 1) * pp / vp rank
+    passes interleaved, one pass otherwise. A layout that puts more layers on a rank gives it
+    more to reduce and update, so the step's share is the busiest rank's, not the skeleton's."""
+    cfg, tr, hw = ctx.cfg, ctx.problem.training, ctx.problem.hardware
+    x = cfg.derived()
+    cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)
+    comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
+    dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"))
+    ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, ctx.groups, ctx.net, hw, dtypes, comp, cooldown * backward_s,
+                        cooldown * forward_s, cfg.vp, ctx.problem.model.moe is not None, tr.optimizer_impl)
+    return _scalar(ot.dp_exposed + ot.update)
 
 
 def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -517,13 +545,15 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     work = np.array([(forward + backward)[r::pp].sum() for r in range(pp)])
     per_rank, mtp, chunks = rank_counts(ctx, layout)
     recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    peaks = np.array([rank_peak_bytes(ctx, r, chunks[r], recomputed[r::pp], r == last_rank, int(mtp[r])) for r in range(pp)])
+    ledgers = [rank_peak_ledger(ctx, r, chunks[r], recomputed[r::pp], r == last_rank, int(mtp[r])) for r in range(pp)]
+    peaks = np.array([_scalar(ledger.peak) for ledger in ledgers])
+    rest = max(rank_update_s(ctx, ledger, forward[r::pp].sum(), backward[r::pp].sum()) for r, ledger in enumerate(ledgers))
     f, b = forward.reshape(vp, pp).T, backward.reshape(vp, pp).T
     makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
     pp_exposed = layout_pp_exposed(ctx, forward, backward, work)
     pipeline = makespan + pp_exposed
     return LayoutScore(forward, backward, work, peaks, bool((peaks <= ctx.problem.hardware.memory_bytes).all()),
-                       pipeline, pp_exposed, pipeline + ctx.step_rest_s, critical_path_bound_s(f + b, ctx.microbatches),
+                       pipeline, pp_exposed, rest, pipeline + rest, critical_path_bound_s(f + b, ctx.microbatches),
                        pipeline_compute_s(work, ctx.microbatches, vp))
 
 

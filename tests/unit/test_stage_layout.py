@@ -69,6 +69,26 @@ def test_megatron_split_scores_as_the_exact_model(llama):
     assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
     assert score.pp_exposed_s == pytest.approx(float(e.breakdown_s["pp"][0]), rel=1e-9)
     assert score.bound_s <= score.pipeline_s - score.pp_exposed_s + 1e-12
+    assert score.update_s == pytest.approx(float(e.breakdown_s["dp"][0] + e.breakdown_s["update"][0]), rel=1e-9)
+    assert score.step_time_s == pytest.approx(score.pipeline_s + score.update_s, rel=1e-12)
+
+
+def test_a_rank_with_more_layers_reduces_and_updates_more(llama):
+    """The step's DP reduce and update are the busiest rank's (rank_update_s), not the
+    skeleton's: moving four layers onto rank 15 (11 layers, where the split's ranks hold 7 or 8)
+    gives it 11/8 of the split's largest gradients to reduce, in a cool-down window that grows
+    with its backward by the same ratio but hides only the overlap coefficient's share of it."""
+    problem, cfg, ctx = llama
+    split = megatron_layout(126, 0, 16, 8, 7, 7)
+    sizes = list(split.decoders)
+    for s in (1, 2, 3, 4):  # one layer each off four stages of ranks 1-4 onto rank 15's last four chunks
+        sizes[s] -= 1
+        sizes[127 - 16 * (s - 1)] += 1
+    heavy = StageLayout.from_stage_sizes(16, 8, sizes, 0)
+    assert [sum(heavy.decoders[r::16]) for r in (1, 15)] == [7, 11]
+    base, moved = score_layout(ctx, split), score_layout(ctx, heavy)
+    assert moved.update_s > 1.1 * base.update_s
+    assert moved.step_time_s == pytest.approx(moved.pipeline_s + moved.update_s, rel=1e-12)
 
 
 def test_deepseek_v3_split_scores_as_the_exact_model():
