@@ -161,6 +161,9 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
             # a configuration with full recompute: the layout chose its recompute too (one N, block method)
             recompute = launch_recompute(layout) if "recompute" in report else {}
             plans = [with_pipeline_layout(plans[0], layout).model_copy(update=recompute), *plans[1:]]
+            flags = plans[0].pipeline_layout is None  # a first/last split builds it: launched by the split flags
+            out["pipeline_layout"]["launched_as"] = (f"{plans[0].layer_split} split, first/last {plans[0].first_stage_layers}/"
+                                                     f"{plans[0].last_stage_layers}" if flags else "pipeline_layout")
             out["best"]["plan"] = plans[0].model_dump(mode="json")
             out["top"][0]["plan"] = out["best"]["plan"]
     if out.get("best"):
@@ -181,6 +184,7 @@ def render_layout(report: dict) -> str:
     return (f"pipeline layout ({status}, {report['search_time_s']:.1f} s, {report['space_size']:.1e} layouts): "
             f"{report['step_time_s']:.4f} s against {report['megatron_split_step_time_s']:.4f} s for the split "
             f"({100 * report['gain']:+.2f}%), {verdict}\n  --pipeline-model-parallel-layout {report['layout']}"
+            + (f"\n  launched by the {report['launched_as']} flags, which build it" if report.get("launched_as", "pipeline_layout") != "pipeline_layout" else "")
             + render_layout_recompute(report))
 
 

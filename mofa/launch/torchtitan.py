@@ -88,16 +88,18 @@ def split_layout(plan: LaunchPlan):
     torchtitan's split flags cannot give it: they set one count for every stage and take layers
     off the first and the last stage only, so an interleaved split with uneven first / last
     ranks (each of its vp stages shorter) or a first or last rank longer than the others needs
-    the lists. None where the flags give the split (_layout), DualPipeV's V split among them."""
+    the lists (in model order: torchtitan places them by its schedule, DualPipeV's V included).
+    None where the flags give the split (_layout), DualPipeV's V split among them."""
     from costmodel.pipeline import stage_sizes
     from costmodel.stage_layout import StageLayout
 
     if plan.pipeline_layout is not None:
         return _stage_layout(plan)
-    if plan.pp == 1 or plan.pp_schedule == "dualpipev":
+    if plan.pp == 1:
         return None
     stages = plan.pp * plan.vp
-    sizes, _ = stage_sizes(plan.model.num_layers, plan.pp, plan.vp, plan.first_stage_layers, plan.last_stage_layers, False)
+    sizes, _ = stage_sizes(plan.model.num_layers, plan.pp, plan.vp, plan.first_stage_layers, plan.last_stage_layers,
+                           plan.pp_schedule == "dualpipev")
     per, less_first, less_last = _layout(plan)
     if less_first >= 0 and less_last >= 0 and sizes.tolist() == [per - less_first] + [per] * (stages - 2) + [per - less_last]:
         return None

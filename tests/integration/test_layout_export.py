@@ -135,8 +135,14 @@ def test_solve_pipeline_layouts(tmp_path):
     assert not report["applied"] or report["step_time_s"] < report["megatron_split_step_time_s"] or not report["megatron_split_fits"]
     script = (out / "megatron_launch.sh").read_text()
     if report["applied"]:
-        assert shlex.quote(report["layout"]) in script
-        assert json.loads((out / "result.json").read_text())["best"]["plan"]["pipeline_layout"] == report["layout"]
+        plan = json.loads((out / "result.json").read_text())["best"]["plan"]
+        if report["launched_as"] == "pipeline_layout":
+            assert shlex.quote(report["layout"]) in script and plan["pipeline_layout"] == report["layout"]
+        else:  # a first/last split builds the layout: launched by those flags
+            from costmodel.stage_layout import megatron_layout
+
+            assert plan["pipeline_layout"] is None and "--pipeline-model-parallel-layout" not in script
+            assert StageLayout.from_megatron(report["layout"], 4, 2) == megatron_layout(80, 0, 4, 2, plan["first_stage_layers"], plan["last_stage_layers"])
     else:
         assert "--pipeline-model-parallel-layout" not in script
 
