@@ -47,10 +47,22 @@ configuration with block N, and one recomputing nothing as recompute none
 Megatron takes one --recompute-num-layers for every chunk: `StageLayout.uniform_recompute`
 says which N a layout's counts are, if any.
 
-Supported skeletons: 1f1b and interleaved_1f1b schedules, ZeRO 0-1, no activation offload, no
-FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those features
-make a rank's memory depend on its layers in ways the linear layout search
+Supported skeletons: 1f1b, interleaved_1f1b and dualpipev schedules, ZeRO 0-1, no activation
+offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those
+features make a rank's memory depend on its layers in ways the linear layout search
 (optimizer.layout_search) does not model yet.
+
+DualPipeV (`StageLayout.vee`): rank r holds stages r and 2pp - 1 - r (its V), so rank 0 holds
+the embedding's stage and the head's. Its op lists are DeepSeek's order as PyTorch ports it
+(schedule_sim.dualpipev_ops: overlapped forward/backward pairs run as one op, weight gradients
+deferred), simulated with each stage's weight-gradient part split off its backward
+(`stage_weights`); every rank's in-flight vectors come from the same replay. On the V split it
+reproduces the exact model's peak, DP/update and exposed P2P (tests/unit/test_stage_layout.py);
+where rank 0's two stages differ (DeepSeek-V3: dense layers and the embedding on one, MTP and
+the head on the other) it is finer than the exact model, which holds 2pp + 1 mean chunks in
+flight there and the replay mostly the first stage's (8 of 9 on pp 4). The layout search does
+not cover it yet (optimizer.layout_search.check_searchable); `mofa evaluate --pipeline-layout`
+scores a V layout.
 """
 
 from __future__ import annotations
@@ -71,7 +83,7 @@ from costmodel.memory import MemoryContext, communicator_count, memory_context, 
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, simulated_schedule, stage_sizes
 from costmodel.placement import stage_groups
-from costmodel.schedule_sim import schedule_ops, simulate
+from costmodel.schedule_sim import flat_ops, schedule_ops, simulate
 from costmodel.specs import Problem
 from costmodel.units import DTYPE_BYTES, US
 from costmodel.update import optimizer_time
@@ -86,7 +98,8 @@ class LayoutError(ValueError):
 
 class StageLayout(BaseModel):
     """Decoder layers and MTP modules of every virtual stage, in model order (pp*vp stages;
-    stage s on rank s % pp, local chunk s // pp)."""
+    stage s on rank s % pp, local chunk s // pp; under DualPipeV's V, `vee`, stage s < pp on
+    rank s and stage s >= pp on rank 2pp - 1 - s, its local chunk 1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -97,6 +110,10 @@ class StageLayout(BaseModel):
     # decoder layers of each stage fully recomputed: its first r (Megatron's block method), so
     # their kinds follow from position; () means none anywhere (filled with zeros)
     recompute: tuple[int, ...] = ()
+    # DualPipeV's placement (vp = 2): rank r holds stages r and 2pp - 1 - r, so rank 0 holds the
+    # embedding's stage and the head's (torchtitan's "v" stage style); the layout string is the
+    # same model-order notation, the schedule says where its stages run
+    vee: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -112,6 +129,8 @@ class StageLayout(BaseModel):
             raise LayoutError(f"pp and vp must be >= 1, got pp={self.pp} vp={self.vp}")
         if len(self.decoders) != stages or len(self.mtp) != stages:
             raise LayoutError(f"a layout of pp={self.pp} x vp={self.vp} needs {stages} stages, got {len(self.decoders)}")
+        if self.vee and self.vp != 2:
+            raise LayoutError(f"DualPipeV's V holds two stages per rank, got vp={self.vp}")
         if min(self.decoders) < 0 or min(self.mtp) < 0:
             raise LayoutError("layer counts must be >= 0")
         if len(self.recompute) != stages or any(not 0 <= r <= n for r, n in zip(self.recompute, self.decoders)):
@@ -135,7 +154,11 @@ class StageLayout(BaseModel):
         return sum(self.mtp)
 
     def rank_of(self, stage: int) -> int:
-        return stage % self.pp
+        return stage_ranks(self.pp, self.vp, self.vee)[stage]
+
+    def rank_stages(self, rank: int) -> np.ndarray:
+        """The rank's stages in local-chunk order."""
+        return rank_stages(self.pp, self.vp, self.vee)[rank]
 
     def kind_counts(self, kind_of_layer: list[int], num_kinds: int) -> np.ndarray:
         """[stage, kind] decoder layers of each kind (the model's layers in order; MTP apart)."""
@@ -173,7 +196,7 @@ class StageLayout(BaseModel):
         recompute = tuple(int(r) for r in recompute)
         if len(recompute) != self.stages or any(not 0 <= r <= n for r, n in zip(recompute, self.decoders)):
             raise LayoutError(f"recompute counts must be one per stage, each between 0 and the stage's decoder layers: {recompute}")
-        return StageLayout(pp=self.pp, vp=self.vp, decoders=self.decoders, mtp=self.mtp, recompute=tuple(int(r) for r in recompute))
+        return StageLayout(pp=self.pp, vp=self.vp, decoders=self.decoders, mtp=self.mtp, recompute=tuple(int(r) for r in recompute), vee=self.vee)
 
     def to_megatron(self) -> str:
         """Megatron-Core's --pipeline-model-parallel-layout, every stage written out."""
@@ -184,9 +207,10 @@ class StageLayout(BaseModel):
         return "|".join(parts)
 
     @classmethod
-    def from_megatron(cls, text: str, pp: int, vp: int) -> "StageLayout":
+    def from_megatron(cls, text: str, pp: int, vp: int, vee: bool = False) -> "StageLayout":
         """Parse Megatron-Core's layout string: stages separated by `|`, symbols E t m L,
-        `X*n` repeating one symbol and `(...)*n` a group; spaces and commas are ignored."""
+        `X*n` repeating one symbol and `(...)*n` a group; spaces and commas are ignored. `vee`:
+        the stages run in DualPipeV's V (the string is the same, in model order)."""
         expanded = re.sub(r"[\s,]", "", text)
         for _ in range(64):  # nested groups expand inside out
             new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), expanded)
@@ -209,23 +233,39 @@ class StageLayout(BaseModel):
                 raise LayoutError(f"layout {text!r}: stage {s} has an MTP module before a decoder layer")
         if not stages[0].startswith("E") or not stages[-1].endswith("L"):
             raise LayoutError(f"layout {text!r}: the first stage must hold E and the last stage L")
-        return cls(pp=pp, vp=vp, decoders=tuple(st.count("t") for st in stages), mtp=tuple(st.count("m") for st in stages))
+        return cls(pp=pp, vp=vp, decoders=tuple(st.count("t") for st in stages), mtp=tuple(st.count("m") for st in stages), vee=vee)
 
     @classmethod
-    def from_stage_sizes(cls, pp: int, vp: int, sizes, mtp_layers: int) -> "StageLayout":
+    def from_stage_sizes(cls, pp: int, vp: int, sizes, mtp_layers: int, vee: bool = False) -> "StageLayout":
         mtp = [0] * (pp * vp)
         mtp[-1] = mtp_layers
-        return cls(pp=pp, vp=vp, decoders=tuple(int(n) for n in sizes), mtp=tuple(mtp))
+        return cls(pp=pp, vp=vp, decoders=tuple(int(n) for n in sizes), mtp=tuple(mtp), vee=vee)
 
 
-def megatron_layout(num_layers: int, mtp_layers: int, pp: int, vp: int, first: int, last: int) -> StageLayout:
+@functools.lru_cache(maxsize=256)
+def stage_ranks(pp: int, vp: int, vee: bool = False) -> tuple[int, ...]:
+    """The rank of every stage (model order): s % pp, or DualPipeV's V (s < pp on rank s, the
+    rest back down: rank 2pp - 1 - s)."""
+    return tuple((s if s < pp else 2 * pp - 1 - s) if vee else s % pp for s in range(pp * vp))
+
+
+@functools.lru_cache(maxsize=256)
+def rank_stages(pp: int, vp: int, vee: bool = False) -> tuple[np.ndarray, ...]:
+    """Each rank's stages in local-chunk order (stage s is local chunk s // pp under either
+    placement): np.arange(r, pp * vp, pp), or (r, 2pp - 1 - r) under the V."""
+    ranks = np.array(stage_ranks(pp, vp, vee))
+    return tuple(np.flatnonzero(ranks == r) for r in range(pp))
+
+
+def megatron_layout(num_layers: int, mtp_layers: int, pp: int, vp: int, first: int, last: int, vee: bool = False) -> StageLayout:
     """The layout Megatron builds from first/last-rank layer counts (costmodel.pipeline.stage_sizes,
     the model's own reading of --decoder-first/last-pipeline-num-layers and the embedding/loss
-    accounting); MTP modules on the last stage."""
-    sizes, _ = stage_sizes(num_layers, pp, vp, first, last, False)
+    accounting); MTP modules on the last stage. `vee`: DualPipeV's split of the same counts
+    (rank 0 holding the first and the last stage, as torchtitan's flags build it)."""
+    sizes, _ = stage_sizes(num_layers, pp, vp, first, last, vee)
     if sizes.sum() != num_layers or sizes.min() < 0:
         raise LayoutError(f"first={first} last={last} does not split {num_layers} layers over pp={pp} x vp={vp}")
-    return StageLayout.from_stage_sizes(pp, vp, sizes, mtp_layers)
+    return StageLayout.from_stage_sizes(pp, vp, sizes, mtp_layers, vee)
 
 
 def balanced_layout(num_layers: int, mtp_layers: int, pp: int, vp: int) -> StageLayout:
@@ -252,7 +292,7 @@ def held_chunks(schedule: str, pp: int, vp: int, microbatches: int, group: int |
     for rank, rank_ops in enumerate(ops):
         held = np.zeros(vp, dtype=np.int64)
         seen = set()
-        for op in rank_ops:
+        for op in flat_ops(rank_ops):  # a group's forward counted before its backward (schedule_sim's rule)
             c = op.stage // pp
             if op.kind == "F":
                 held[c] += 1
@@ -307,8 +347,18 @@ class LayoutContext:
     def vp(self) -> int:
         return int(self.cfg.vp[0])
 
+    @property
+    def vee(self) -> bool:
+        """DualPipeV's V placement (StageLayout.vee): the skeleton's schedule."""
+        return int(self.cfg.pp_schedule[0]) == PP_SCHEDULE_CODES["dualpipev"]
 
-SUPPORTED_SCHEDULES = ("1f1b", "interleaved_1f1b")
+    @property
+    def stages_of(self) -> tuple[np.ndarray, ...]:
+        """Each rank's stages in local-chunk order (rank_stages)."""
+        return rank_stages(self.pp, self.vp, self.vee)
+
+
+SUPPORTED_SCHEDULES = ("1f1b", "interleaved_1f1b", "dualpipev")
 
 
 def check_supported(cfg: ConfigBatch) -> None:
@@ -431,10 +481,24 @@ def unit_costs(ctx: LayoutContext) -> dict:
         "embedding_total": _scalar(lc.embedding_f + lc.embedding_b),
         "head_forward": _scalar(lc.head_forward),
         "head_total": _scalar(lc.head_compute + lc.head_tp),
+        # DualPipeV's weight-gradient pass (inside the backward above): the layers' weight-gradient
+        # GEMMs and the head's, as costmodel.evaluate splits it off
+        "kind_weight": np.array([_scalar(k.weight_grad) for k in lc.kinds]),
+        "head_weight": _scalar(lc.head_weight_grad),
         "mtp_extra": _scalar(lc.mtp_compute),
         "head_saved": _scalar(lc.head_saved),
         "overhead": ctx.chunk_overhead_s,
     }
+
+
+def stage_weights(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
+    """DualPipeV's weight-gradient seconds of one micro-batch of each stage (model order): the
+    part of stage_times' backward that its W pass runs (costmodel.evaluate's `wgrad`)."""
+    counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+    if ctx.mtp_kind is not None:
+        counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
+    u = unit_costs(ctx)
+    return counts @ u["kind_weight"] + (np.arange(layout.stages) == layout.stages - 1) * u["head_weight"]
 
 
 def stage_times(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray]:
@@ -522,10 +586,10 @@ def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np
     counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
     if ctx.mtp_kind is not None:
         counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
-    pp = layout.pp
-    per_rank = np.array([counts[r::pp].sum(axis=0) for r in range(pp)])
-    mtp = np.array([sum(layout.mtp[r::pp]) for r in range(pp)])
-    chunks = [counts[r::pp] for r in range(pp)]
+    mine = [layout.rank_stages(r) for r in range(layout.pp)]
+    per_rank = np.array([counts[st].sum(axis=0) for st in mine])
+    mtp = np.array([int(np.asarray(layout.mtp)[st].sum()) for st in mine])
+    chunks = [counts[st] for st in mine]
     return per_rank, mtp, chunks
 
 
@@ -536,49 +600,70 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
         raise LayoutError(f"layout is pp={layout.pp} x vp={layout.vp}, the configuration pp={pp} x vp={vp}")
     if layout.mtp_layers != ctx.problem.model.mtp_layers:
         raise LayoutError(f"the layout holds {layout.mtp_layers} MTP modules, the model has {ctx.problem.model.mtp_layers}")
-    last_rank = (layout.stages - 1) % pp
-    if any(n and r != last_rank for r, n in ((s % pp, layout.mtp[s]) for s in range(layout.stages))):
+    if layout.vee != ctx.vee:
+        raise LayoutError("the layout's placement is not the schedule's: DualPipeV runs its stages in a V, the others stage s on rank s % pp")
+    last_rank = layout.rank_of(layout.stages - 1)
+    if any(n and layout.rank_of(s) != last_rank for s, n in enumerate(layout.mtp)):
         raise LayoutError("MTP modules on a rank without the head and loss are not modelled: put them on the last rank")
     if layout.any_recompute and not ctx.recompute_allowed:
         raise LayoutError("the layout recomputes layers, the configuration has no full recompute")
     forward, backward = stage_times(ctx, layout)
-    work = np.array([(forward + backward)[r::pp].sum() for r in range(pp)])
+    mine = ctx.stages_of
+    work = np.array([(forward + backward)[st].sum() for st in mine])
     per_rank, mtp, chunks = rank_counts(ctx, layout)
     recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    ledgers = [rank_peak_ledger(ctx, r, chunks[r], recomputed[r::pp], r == last_rank, int(mtp[r])) for r in range(pp)]
+    ledgers = [rank_peak_ledger(ctx, r, chunks[r], recomputed[st], r == last_rank, int(mtp[r])) for r, st in enumerate(mine)]
     peaks = np.array([_scalar(ledger.peak) for ledger in ledgers])
-    rest = max(rank_update_s(ctx, ledger, forward[r::pp].sum(), backward[r::pp].sum()) for r, ledger in enumerate(ledgers))
-    f, b = forward.reshape(vp, pp).T, backward.reshape(vp, pp).T
-    makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
-    pp_exposed = layout_pp_exposed(ctx, forward, backward, work)
+    rest = max(rank_update_s(ctx, ledger, forward[st].sum(), backward[st].sum()) for ledger, st in zip(ledgers, mine))
+    f, b = per_chunk(forward, mine), per_chunk(backward, mine)
+    if ctx.vee:  # the input-gradient pass and the deferred weight gradient (schedule_sim's split)
+        weight = stage_weights(ctx, layout)
+        w = per_chunk(weight, mine)
+        makespan = simulate(ctx.ops, f, b - w, 0.0, weight_s=w).makespan_s
+    else:
+        weight = np.zeros_like(forward)
+        makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
+    pp_exposed = layout_pp_exposed(ctx, forward, backward, work, weight)
     pipeline = makespan + pp_exposed
     return LayoutScore(forward, backward, work, peaks, bool((peaks <= ctx.problem.hardware.memory_bytes).all()),
-                       pipeline, pp_exposed, rest, pipeline + rest, critical_path_bound_s(f + b, ctx.microbatches),
+                       pipeline, pp_exposed, rest, pipeline + rest, critical_path_bound_s(f + b, ctx.microbatches, f if ctx.vee else None),
                        pipeline_compute_s(work, ctx.microbatches, vp))
 
 
-def critical_path_bound_s(chunk_s: np.ndarray, microbatches: int) -> float:
+def per_chunk(values: np.ndarray, stages_of) -> np.ndarray:
+    """[pp, vp] per (rank, local chunk) from per-stage values (model order), each rank's stages
+    in chunk order (LayoutContext.stages_of): schedule_sim's layout."""
+    return np.array([values[st] for st in stages_of])
+
+
+def critical_path_bound_s(chunk_s: np.ndarray, microbatches: int, forward_s: np.ndarray | None = None) -> float:
     """A lower bound on the makespan of the 1F1B-family schedules for any per-chunk times
     ([pp, vp] forward+backward seconds): rank r cannot start before the first micro-batch's
     forward has crossed stages 0..r-1 (local chunk 0 of ranks < r), then runs m * R_r of work,
     and its last op (the backward of chunk 0, last micro-batch) must still travel back through
     those stages:  max_r  sum_{r' < r} chunk_s[r', 0] + m * R_r.
     Equal to the makespan for uniform chunks ((m*vp + pp - 1)(F + B), Narayanan et al.); below
-    it where heterogeneous chunks make ranks wait (tests/unit/test_stage_layout.py)."""
+    it where heterogeneous chunks make ranks wait (tests/unit/test_stage_layout.py).
+    `forward_s` given (DualPipeV, whose ranks end on deferred weight gradients, not on chunk 0's
+    backward): the forward chain before each rank alone, max_r sum_{r' < r} forward_s[r', 0] + m * R_r."""
     chunk_s = np.asarray(chunk_s, dtype=float)
-    before = np.concatenate([[0.0], np.cumsum(chunk_s[:, 0])[:-1]])
+    chain = chunk_s if forward_s is None else np.asarray(forward_s, dtype=float)
+    before = np.concatenate([[0.0], np.cumsum(chain[:, 0])[:-1]])
     return float((before + microbatches * chunk_s.sum(axis=1)).max())
 
 
-def layout_pp_exposed(ctx: LayoutContext, forward: np.ndarray, backward: np.ndarray, work: np.ndarray) -> float:
-    """Exposed P2P of the pipeline (costmodel.pipeline.pipeline_time's eq. 23 term), its
-    steady-state hops hidden behind the mean chunk of the stages (a hop travels while its
-    neighbour's chunk runs)."""
+def layout_pp_exposed(ctx: LayoutContext, forward: np.ndarray, backward: np.ndarray, work: np.ndarray,
+                      weight: np.ndarray | None = None) -> float:
+    """Exposed P2P of the pipeline (costmodel.pipeline.pipeline_time's eq. 23 term, DualPipeV's
+    own under the V), its steady-state hops hidden behind the mean chunk of the stages (a hop
+    travels while its neighbour's chunk runs); `weight`: DualPipeV's weight-gradient part of
+    each stage's backward."""
     cfg = ctx.cfg
     mean_f = np.array([forward.mean()])
     mean_b = np.array([backward.mean()])
+    mean_w = np.array([0.0 if weight is None else weight.mean()])
     w = [np.array([x]) for x in (work[0], work.max(), work[-1])]
-    pipe = pipeline_time(w, cfg, np.array([float(ctx.microbatches)]), np.array([ctx.hop_s]), mean_f, mean_b, 0.0 * mean_f,
+    pipe = pipeline_time(w, cfg, np.array([float(ctx.microbatches)]), np.array([ctx.hop_s]), mean_f, mean_b, mean_w,
                          ctx.problem.hardware.efficiency.pp_overlap)
     return _scalar(pipe.pp_exposed)
 

@@ -797,6 +797,15 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     return tuple(int(x) for x in current[:stages]), value, paths, tuple(int(x) for x in current[stages:])
 
 
+def check_searchable(ctx: LayoutContext) -> None:
+    """Refuse skeletons the search does not cover though the layout model scores them:
+    DualPipeV, whose grouped ops (a forward run with another stage's backward) and deferred
+    weight-gradient passes the schedule graph and its path cuts do not express yet."""
+    if ctx.vee:
+        raise LayoutError("layout search does not model pp_schedule dualpipev (its grouped ops and weight-gradient passes); "
+                          "`mofa evaluate --pipeline-layout` scores a layout under it")
+
+
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
@@ -874,6 +883,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     recompute at one layer, so it cannot reach such an incumbent: Llama 3 405B cp 1, 27 layers,
     11.5% instead of the rounds' 6.1%) and none for free layouts (there its CP-SAT model, 32
     more booleans, proved less in 10 s than the search's own rounds: 56.5 s against 56.8 s)."""
+    check_searchable(ctx)
     start = time.perf_counter()
     scores = {} if scores is None else scores
 
@@ -2329,7 +2339,7 @@ def own_layout(ctx: LayoutContext) -> StageLayout:
     from costmodel.stage_layout import megatron_layout
 
     cfg, m = ctx.cfg, ctx.problem.model
-    own = megatron_layout(m.num_layers, m.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]))
+    own = megatron_layout(m.num_layers, m.mtp_layers, ctx.pp, ctx.vp, int(cfg.first_layers[0]), int(cfg.last_layers[0]), ctx.vee)
     if not ctx.recompute_allowed:
         return own
     return with_launched_recompute(own, int(cfg.recompute_layers[0]) if int(cfg.recompute_method[0]) == 1 else None)
@@ -2391,7 +2401,7 @@ def given_layout_report(problem, cfg, text: str, block_layers: int | None = None
     stages into uniform), every layer with the uniform method. LayoutError where the layout
     does not fit the configuration or the model."""
     ctx = layout_context(problem, cfg)
-    layout = StageLayout.from_megatron(text, ctx.pp, ctx.vp)
+    layout = StageLayout.from_megatron(text, ctx.pp, ctx.vp, ctx.vee)
     if ctx.recompute_allowed:
         layout = with_launched_recompute(layout, block_layers)
     own = own_layout(ctx)
@@ -2431,6 +2441,7 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
 
     try:
         ctx = layout_context(problem, cfg)
+        check_searchable(ctx)
         own = own_layout(ctx)
         own_score = score_layout(ctx, own)
         start = time.perf_counter()

@@ -79,7 +79,7 @@ def _stage_layout(plan: LaunchPlan):
     """The plan's layout string parsed (costmodel.stage_layout, the one reader of it)."""
     from costmodel.stage_layout import StageLayout
 
-    return StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp)
+    return StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp, plan.pp_schedule == "dualpipev")
 
 def split_layout(plan: LaunchPlan):
     """The layers of every stage torchtitan must be given as module lists
@@ -108,12 +108,10 @@ def split_layout(plan: LaunchPlan):
 
 def check(plan: LaunchPlan) -> None:
     """What torchtitan 0.3.0 cannot run: the rules of costmodel.frameworks, which the search
-    applies under `--framework torchtitan`; a layout under DualPipeV (Megatron's layout string
-    places stage s on rank s % pp, the V does not) or holding MTP modules (torchtitan builds
-    none)."""
+    applies under `--framework torchtitan`; a layout holding MTP modules (torchtitan builds
+    none). A layout under DualPipeV is its stages in model order, which torchtitan's
+    ScheduleDualPipeV places in the V itself ("v" stage style), as the layout model does."""
     if plan.pipeline_layout is not None:
-        if plan.pp_schedule == "dualpipev":
-            refuse(NAME, "a pipeline layout under DualPipeV: the layout string places stage s on rank s % pp, DualPipeV's V does not")
         if _stage_layout(plan).mtp_layers:
             refuse(NAME, "a pipeline layout with MTP modules (m): torchtitan's config functions build none")
     check_rules(plan, NAME)

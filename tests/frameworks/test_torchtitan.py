@@ -235,3 +235,31 @@ def test_torchtitan_splits_uneven_interleaved_ranks_as_the_plan():
     for r in range(dims.pp):
         mine = tt._get_pp_rank_to_stage_indices_mapping(r, dims.pp, cfg.parallelism.pipeline_parallel_schedule, len(stages))
         assert list(mine) == [s for s in range(16) if rank[s] == r]
+
+
+def test_torchtitan_runs_a_layout_in_dualpipevs_v():
+    """A heterogeneous layout under DualPipeV (Llama 3 405B on pp 16, its V split with a layer
+    moved from stage 0 to stage 1): the script's module lists are the stages in model order,
+    ConfigManager reads them with the DualPipeV schedule, and torchtitan's own stage map puts
+    stages r and 2pp - 1 - r on rank r, the V the layout model scored (StageLayout.vee)."""
+    from costmodel.loader import load_problem
+    from costmodel.specs import ConfigSpec
+    from costmodel.stage_layout import StageLayout
+    from mofa.launch import export
+    from mofa.launch.plan import build_plan
+    from torchtitan.distributed import pipeline_parallel as tt
+
+    problem = load_problem("problems/tuning/llama3_405b_8192gpu_gbs8192.yaml", ["hardware=h100-sxm", "model.vocab_size=128256",
+                                                                                "training.dtypes.compute=fp8", "training.dtypes.grads=fp32"])
+    spec = ConfigSpec(tp=8, pp=16, vp=2, pp_schedule="dualpipev", first_stage_layers=6, last_stage_layers=8, layer_split="uneven", zero_stage=3, pp_overlap=True)
+    plan = build_plan(problem, spec, 45)
+    sizes = [2, 5] + [4] * 29 + [3]
+    layout = StageLayout.from_stage_sizes(16, 2, sizes, 0, vee=True)
+    text = export(plan.model_copy(update={"pipeline_layout": layout.to_megatron()}), "torchtitan")
+    cfg, dims = check(text)
+    assert cfg.parallelism.pipeline_parallel_schedule == "DualPipeV"
+    stages = cfg.parallelism.module_fqns_per_model_part
+    assert [sum(n.startswith("layers.") for n in s) for s in stages] == sizes
+    for r in range(dims.pp):
+        mine = tt._get_pp_rank_to_stage_indices_mapping(r, dims.pp, "DualPipeV", len(stages))
+        assert sorted(mine) == sorted(layout.rank_stages(r).tolist()) == sorted([r, 31 - r])

@@ -1,6 +1,6 @@
 """Heterogeneous pipeline layouts in the launch plan (issue 11): Megatron-LM and Megatron-Bridge
 get --pipeline-model-parallel-layout instead of every other split flag, torchtitan a config module
-with every stage's modules (refused with MTP modules or under DualPipeV), DeepSpeed refuses with
+with every stage's modules (refused with MTP modules; under DualPipeV in model order, torchtitan placing the V), DeepSpeed refuses with
 the reason; `mofa solve --pipeline-layouts` searches, reports and exports it, and `mofa evaluate
 --pipeline-layout` scores a given one."""
 
@@ -112,8 +112,6 @@ def test_torchtitan_gets_the_layout_as_a_config_module(fp8_plan):
 
 def test_torchtitan_refuses_a_layout_it_cannot_place(fp8_plan):
     p, _ = fp8_plan
-    with pytest.raises(ExportError, match="DualPipeV"):
-        torchtitan_args(p.model_copy(update={"pp_schedule": "dualpipev", "vp": 2}))
     with pytest.raises(ExportError, match="MTP"):
         torchtitan_args(p.model_copy(update={"pipeline_layout": p.pipeline_layout[:-1] + "mL"}))
 
@@ -283,3 +281,38 @@ def test_a_launch_plan_with_a_layout_says_so_in_its_label(fp8_plan):
     p, _ = fp8_plan
     assert "layers by the pipeline layout" in p.label() and "first/last" not in p.label()
     assert "layers first/last=7/7" in p.model_copy(update={"pipeline_layout": None}).label()
+
+
+LLAMA_VEE = ["hardware=h100-sxm", "model.vocab_size=128256", "tp=8", "pp=16", "vp=2", "mbs=1", "pp_schedule=dualpipev", "zero_stage=0", "pp_overlap=true", "layer_split=uneven",
+             "training.dtypes.compute=fp8", "training.dtypes.grads=fp32"]
+
+
+def test_evaluate_scores_and_launches_a_layout_under_dualpipev():
+    """`mofa evaluate --pipeline-layout` under DualPipeV: Llama 3 405B on pp 16 (8192 H100s, DDP as
+    torchtitan replicates without FSDP, the layout model covering ZeRO 0-1), its V split (3 + 3
+    layers on rank 0, 4 on each other stage) with a layer moved from stage 0 to stage 1: scored by the layout model in the V (the JSON equal to score_layout's), and
+    launched by torchtitan with the stages as module lists in model order, which its
+    ScheduleDualPipeV places in the V (tests/frameworks reads them back)."""
+    from costmodel.configs import ConfigBatch
+    from costmodel.stage_layout import layout_context, score_layout
+    from mofa.launch.plan import LaunchPlan
+    from mofa.launch.torchtitan import module_fqns
+
+    path = PROBLEMS / "tuning" / "llama3_405b_8192gpu_gbs8192.yaml"
+    sizes = [2, 5] + [4] * 29 + [3]
+    text = "|".join(("E" if s == 0 else "") + "t" * n + ("L" if s == 31 else "") for s, n in enumerate(sizes))
+    result = run_mofa("evaluate", str(path), *sets(LLAMA_VEE), "--pipeline-layout", text, "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    problem = load_problem(str(path), LLAMA_VEE)
+    ctx = layout_context(problem, ConfigBatch.from_specs(problem, [problem.config]))
+    layout = StageLayout.from_megatron(text, 16, 2, vee=True)
+    score = score_layout(ctx, layout)
+    assert out["pipeline_layout"]["step_time_s"] == pytest.approx(score.step_time_s, rel=1e-12)
+    assert out["pipeline_layout"]["peak_bytes"] == pytest.approx(list(score.peak_bytes), rel=1e-12)
+    plan = LaunchPlan.model_validate(out["plan"])
+    assert plan.pp_schedule == "dualpipev" and plan.pipeline_layout == layout.to_megatron()
+    stages = module_fqns(plan)
+    assert [sum(n.startswith("layers.") for n in st) for st in stages] == sizes
+    args = torchtitan_args(plan)
+    assert args[args.index("--parallelism.pipeline-parallel-schedule") + 1] == "DualPipeV" and "--module" in args

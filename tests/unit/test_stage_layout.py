@@ -17,7 +17,9 @@ from costmodel.stage_layout import (
     held_chunks,
     layout_context,
     megatron_layout,
+    rank_stages,
     score_layout,
+    stage_ranks,
 )
 
 DSV3 = "Et*3|(tt|)*29,m|L"  # Megatron-LM's DeepSeek-V3 recipe, pp 16 x vp 2
@@ -176,7 +178,6 @@ def test_recompute_needs_a_full_recompute_skeleton(llama):
 
 
 @pytest.mark.parametrize("columns,reason", [
-    (dict(pp=16, vp=2, pp_schedule=4), "pp_schedule dualpipev (supported: 1f1b, interleaved_1f1b)"),
     (dict(pp=16, vp=8, zero_stage=2), "zero_stage 2 (supported: 0, 1)"),
     (dict(pp=16, vp=8, activation_offload=1), "activation offload"),
     (dict(pp=16, vp=8, moe_chunks=2), "FCDA moe_chunks"),
@@ -187,7 +188,65 @@ def test_skeletons_the_layout_model_does_not_cover_are_refused(llama, columns, r
     from costmodel.configs import PP_SCHEDULE_CODES
 
     problem, _, _ = llama
-    assert PP_SCHEDULE_CODES["dualpipev"] == 4
     cfg = ConfigBatch.from_columns(16384, tp=8, mbs=1, first_layers=7, last_layers=7, **columns)
     with pytest.raises(LayoutError, match="layout search does not model " + reason.replace("(", r"\(").replace(")", r"\)")):
         layout_context(problem, cfg)
+
+
+def test_dualpipev_places_stages_in_a_v():
+    """DualPipeV's V (torchtitan's "v" stage style): rank r holds stages r and 2pp - 1 - r, so
+    rank 0 holds the embedding's stage and the head's; the other schedules stage s on s % pp."""
+    assert stage_ranks(4, 2, True) == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert stage_ranks(4, 2) == (0, 1, 2, 3, 0, 1, 2, 3)
+    assert [list(st) for st in rank_stages(4, 2, True)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    layout = StageLayout.from_megatron("Ett|tt|tt|tt|tt|tt|tt|tL", 4, 2, vee=True)
+    assert layout.rank_of(7) == 0 and layout.with_recompute([0] * 8).vee
+    with pytest.raises(ValueError, match="two stages per rank"):  # pydantic wraps the LayoutError
+        StageLayout.from_megatron("Et|t|t|t|t|t|t|t|t|t|t|tL", 4, 3, vee=True)
+
+
+@pytest.fixture(scope="module")
+def llama_vee():
+    """Llama 3 405B under DualPipeV on pp 16 (8192 GPUs, 128 micro-batches): its V split puts 6
+    layers on rank 0, 8 on every other rank (costmodel.layout.vee_split)."""
+    problem = load_problem("problems/tuning/llama3_405b_8192gpu_gbs8192.yaml",
+                           ["tp=8", "pp=16", "vp=2", "mbs=1", "pp_schedule=dualpipev", "zero_stage=1", "pp_overlap=true", "layer_split=uneven"])
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    return problem, cfg, layout_context(problem, cfg)
+
+
+def test_dualpipev_split_scores_as_the_exact_model(llama_vee):
+    """The V split scored by the layout model: every rank's ledger with the chunks it holds in
+    flight (rank 0's first stage 2pp - 1 times and its last once, the others 2pp + 1 in all, from
+    the replayed order) reproduces evaluate's peak, the DP/update share and exposed P2P to 1e-9;
+    the pipeline is the simulated V with the weight-gradient passes split off (schedule_sim), within
+    0.1% of the digital twin's replay of the exact model's passes (which times the hops in the
+    simulation, where the layout model adds the exposed P2P of eq. 23 to a hop-free one)."""
+    from costmodel.twin import replay_pipeline
+    from optimizer.layout_search import own_layout
+
+    problem, cfg, ctx = llama_vee
+    e = evaluate(problem, cfg)
+    own = own_layout(ctx)
+    assert own.vee and own.decoders[0] + own.decoders[-1] == 6 and set(own.decoders[1:-1]) == {4}
+    score = score_layout(ctx, own)
+    assert score.peak_bytes.max() == pytest.approx(float(e.memory_bytes["peak"][0]), rel=1e-9)
+    assert score.update_s == pytest.approx(float(e.breakdown_s["dp"][0] + e.breakdown_s["update"][0]), rel=1e-9)
+    assert score.pp_exposed_s == pytest.approx(float(e.breakdown_s["pp"][0]), rel=1e-9)
+    assert [h.sum(axis=1).max() for h in ctx.held] == [33] * 16  # 2pp + 1 chunks on every rank
+    replay = replay_pipeline(problem, e, cfg, 0)
+    assert score.pipeline_s == pytest.approx(replay.simulated_s, rel=1e-3)
+    with pytest.raises(LayoutError, match="placement"):
+        score_layout(ctx, own.model_copy(update={"vee": False}))
+
+
+def test_the_layout_search_refuses_dualpipev(llama_vee):
+    """The layout model scores DualPipeV; the search over its layouts does not run (its grouped
+    ops are not in the schedule graph) and says so, naming what scores a given layout."""
+    from optimizer.layout_search import layout_report, solve_layout
+
+    problem, cfg, ctx = llama_vee
+    with pytest.raises(LayoutError, match="layout search does not model pp_schedule dualpipev"):
+        solve_layout(ctx, 1.0)
+    report, layout = layout_report(problem, cfg, 1.0)
+    assert layout is None and "mofa evaluate --pipeline-layout" in report["refused"]
