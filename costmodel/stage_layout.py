@@ -60,9 +60,9 @@ deferred), simulated with each stage's weight-gradient part split off its backwa
 reproduces the exact model's peak, DP/update and exposed P2P (tests/unit/test_stage_layout.py);
 where rank 0's two stages differ (DeepSeek-V3: dense layers and the embedding on one, MTP and
 the head on the other) it is finer than the exact model, which holds 2pp + 1 mean chunks in
-flight there and the replay mostly the first stage's (8 of 9 on pp 4). The layout search does
-not cover it yet (optimizer.layout_search.check_searchable); `mofa evaluate --pipeline-layout`
-scores a V layout.
+flight there and the replay mostly the first stage's (8 of 9 on pp 4). The CP-SAT layout
+search does not cover it yet (optimizer.layout_search.check_searchable); vee_layout_search
+descends over V layouts with this scorer, and `mofa evaluate --pipeline-layout` scores one.
 """
 
 from __future__ import annotations
@@ -438,10 +438,6 @@ class LayoutScore:
     step_time_s: float
     bound_s: float  # critical_path_bound_s: a lower bound on the makespan (the layout search's objective)
     closed_form_s: float  # costmodel.pipeline's rank-level closed form, for comparison
-
-    def chunk_seconds(self, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray]:
-        """[pp, vp] forward and backward seconds (schedule_sim's layout)."""
-        return self.forward_s.reshape(vp, pp).T, self.backward_s.reshape(vp, pp).T
 
 
 def _scalar(a) -> float:

@@ -798,12 +798,68 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
 
 
 def check_searchable(ctx: LayoutContext) -> None:
-    """Refuse skeletons the search does not cover though the layout model scores them:
+    """Refuse skeletons the CP-SAT search does not cover though the layout model scores them:
     DualPipeV, whose grouped ops (a forward run with another stage's backward) and deferred
-    weight-gradient passes the schedule graph and its path cuts do not express yet."""
+    weight-gradient passes the schedule graph and its path cuts do not express yet
+    (vee_layout_search searches its layouts without a certificate)."""
     if ctx.vee:
         raise LayoutError("layout search does not model pp_schedule dualpipev (its grouped ops and weight-gradient passes); "
-                          "`mofa evaluate --pipeline-layout` scores a layout under it")
+                          "vee_layout_search searches it, `mofa evaluate --pipeline-layout` scores a layout under it")
+
+
+def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayout, scores: dict | None = None) -> LayoutSolution:
+    """DualPipeV's layouts, searched without CP-SAT (check_searchable): steepest descent from
+    `start` over moves of one layer from a stage of the busiest rank (the most work per
+    micro-batch) to any other stage (the layers between shift by one, the model order kept),
+    each scored whole by the exact layout model (score_layout: the V simulated, every rank's
+    ledger), the step time the objective among layouts that fit (the least bytes over the
+    capacity among those that do not, from a start that does not fit). The configuration's full
+    recompute stays as Megatron would launch it (own_layout: block N per stage). Stops at a
+    local optimum or the time limit. The bound is work_bound_s, the ranks' mean work m * (all
+    layers' and edge modules' forward+backward) / pp, which holds for every layout whatever the
+    schedule: the gap it proves is the pipeline's fill and drain and the ranks' imbalance."""
+    start_time = time.perf_counter()
+    scores = {} if scores is None else scores
+    block = int(ctx.cfg.recompute_layers[0]) if int(ctx.cfg.recompute_method[0]) == 1 else None
+
+    def score_of(layout: StageLayout):
+        if layout not in scores:
+            scores[layout] = score_layout(ctx, layout)
+        return scores[layout]
+
+    def key(score):
+        over = float(np.maximum(score.peak_bytes - ctx.problem.hardware.memory_bytes, 0.0).sum())
+        return (0.0, score.step_time_s) if score.fits else (1.0, over)
+
+    best = start
+    best_score = score_of(best)
+    steps = 0
+    while time.perf_counter() - start_time < time_limit_s:
+        busiest = ctx.stages_of[int(np.argmax(best_score.rank_work_s))]
+        improved = None
+        for a in busiest:
+            if best.decoders[a] == 0:
+                continue
+            for b in range(best.stages):
+                if b == a or time.perf_counter() - start_time >= time_limit_s:
+                    continue
+                decoders = list(best.decoders)
+                decoders[a] -= 1
+                decoders[b] += 1
+                moved = StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(decoders), mtp=best.mtp, vee=True)
+                if ctx.recompute_allowed:
+                    moved = with_launched_recompute(moved, block)
+                score = score_of(moved)
+                if key(score) < key(best_score) and (improved is None or key(score) < key(improved[1])):
+                    improved = (moved, score)
+        if improved is None:
+            break
+        best, best_score = improved
+        steps += 1
+    makespan = best_score.pipeline_s - best_score.pp_exposed_s
+    lower = min(work_bound_s(ctx), makespan)
+    return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, lower, lower >= makespan * (1 - 1e-9),
+                          time.perf_counter() - start_time, best_score.fits, steps, "vee-work")
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
@@ -2375,6 +2431,8 @@ _BOUND_NOTES = {
                   "--recompute-num-layers N among them"),
     "levels": ("every --recompute-num-layers N >= 1 ruled out by the ranks' busy time (level_work_bounds: with one N every "
                "chunk that holds a layer recomputes one), the layouts without recompute bounded by the search without recompute"),
+    "vee-work": ("DualPipeV, searched by a descent scored by the exact model (no CP-SAT model of the V yet): the ranks' mean "
+                 "work (work_bound_s), for every layout of the skeleton"),
     "level-work": ("no CP-SAT round proved more in time: the ranks' busy time under one --recompute-num-layers N, least over "
                    "the N (level_work_bounds), for every layout with one N"),
 }
@@ -2436,21 +2494,24 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     of the time) a search over the layouts with one N (the rest, seeded with its regular and free
     answers, sharing their scores and cuts) gives the answer reported and launched, with the better of the two
     bounds; where the first answer's counts are not of that form, the report says so
-    (`recompute_expressible`: false) and keeps it as `best_any_recompute`."""
+    (`recompute_expressible`: false) and keeps it as `best_any_recompute`. DualPipeV skeletons
+    get vee_layout_search instead (no certificate: the gap is to the ranks' mean work)."""
     from costmodel.stage_layout import space_size
 
     try:
         ctx = layout_context(problem, cfg)
-        check_searchable(ctx)
         own = own_layout(ctx)
         own_score = score_layout(ctx, own)
         start = time.perf_counter()
         scores, paths, tables = {}, set(), {}  # shared by the searches of this skeleton
-        regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,),
-                                               scores=scores, paths=paths, tables=tables)
+        if ctx.vee:  # no CP-SAT model of the V yet: a descent scored by the exact model, bounded by the ranks' work
+            regular_solution, solution = None, vee_layout_search(ctx, time_limit_s, own, scores)
+        else:
+            regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,),
+                                                   scores=scores, paths=paths, tables=tables)
         free = solution
         expressible = not ctx.recompute_allowed or free.layout.uniform_recompute() is not None
-        if ctx.recompute_allowed:
+        if ctx.recompute_allowed and not ctx.vee:
             # the layouts Megatron launches (one N) are searched whether or not the answer above
             # is one of them: their own bounds (level_work_bounds) can certify what the search
             # over any per-stage counts does not (DeepSeek-V3: no N >= 1 beats the optimum without)

@@ -81,6 +81,7 @@ def _stage_layout(plan: LaunchPlan):
 
     return StageLayout.from_megatron(plan.pipeline_layout, plan.pp, plan.vp, plan.pp_schedule == "dualpipev")
 
+
 def split_layout(plan: LaunchPlan):
     """The layers of every stage torchtitan must be given as module lists
     (module_fqns_per_model_part, in a config module): the plan's heterogeneous layout where it
@@ -97,13 +98,12 @@ def split_layout(plan: LaunchPlan):
         return _stage_layout(plan)
     if plan.pp == 1:
         return None
-    stages = plan.pp * plan.vp
-    sizes, _ = stage_sizes(plan.model.num_layers, plan.pp, plan.vp, plan.first_stage_layers, plan.last_stage_layers,
-                           plan.pp_schedule == "dualpipev")
+    stages, vee = plan.pp * plan.vp, plan.pp_schedule == "dualpipev"
+    sizes, _ = stage_sizes(plan.model.num_layers, plan.pp, plan.vp, plan.first_stage_layers, plan.last_stage_layers, vee)
     per, less_first, less_last = _layout(plan)
     if less_first >= 0 and less_last >= 0 and sizes.tolist() == [per - less_first] + [per] * (stages - 2) + [per - less_last]:
         return None
-    return StageLayout.from_stage_sizes(plan.pp, plan.vp, sizes, plan.model.mtp_layers)
+    return StageLayout.from_stage_sizes(plan.pp, plan.vp, sizes, plan.model.mtp_layers, vee)
 
 
 def check(plan: LaunchPlan) -> None:
