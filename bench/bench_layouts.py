@@ -18,6 +18,10 @@ also chooses how many of its layers to recompute, Megatron's block method per ch
 counts every recompute vector too, the baselines recompute nothing and everything, and a fourth
 search keeps one --recompute-num-layers N for every chunk (r_s = min(N, layers_s): what Megatron
 launches; layout_report reports it where the per-chunk answer is no one N).
+
+A last case is what every shipped DeepSeek-V3 problem picks, DualPipeV: its V layouts have no
+CP-SAT model yet, so the search is layout_report's descent scored by the layout model, with
+the ranks' mean work as its bound.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from costmodel.stage_layout import (  # noqa: E402
     space_size,
 )
 from costmodel.units import GIB  # noqa: E402
-from optimizer.layout_search import LinearLayouts, regular, schedule_graph, solve_layout, two_phase  # noqa: E402
+from optimizer.layout_search import LinearLayouts, regular, schedule_graph, solve_layout, two_phase, vee_layout_search  # noqa: E402
 
 
 def cases():
@@ -71,6 +75,11 @@ def cases():
     yield "DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64", ds, ConfigBatch.from_columns(2048, **ds_common), ds_baselines
     yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64, per-chunk recompute", ds,
            ConfigBatch.from_columns(2048, **ds_common, **full), with_recompute_baselines(ds_baselines))
+    # what every shipped DeepSeek-V3 problem picks: DualPipeV (2048 GPUs, supernodes of 8: tp 1, cp 4, pp 4 in the V, 13 / 16 layers)
+    vee = dict(tp=1, cp=4, pp=4, vp=2, ep=256, mbs=1, first_layers=13, last_layers=16, pp_schedule=4, zero_stage=1, cp_overlap=1,
+               ep_overlap=1, pp_overlap=1, dp_overlap=1, cpu_optimizer=1)
+    yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp1 cp4 pp4 ep256 under DualPipeV (the shipped answer)", ds,
+           ConfigBatch.from_columns(2048, **vee), {"V split (mofa solve's skeleton, 13 / 16 layers)": megatron_layout(61, 1, 4, 2, 13, 16, True)})
 
 
 def with_recompute_baselines(baselines: dict) -> dict:
@@ -91,6 +100,7 @@ BOUND_NOTES = {
     "levels": (" (every N >= 1 ruled out by the ranks' busy time with a recomputed layer per chunk; the layouts without "
                "recompute by the search without recompute)"),
     "level-work": " (the ranks' busy time under one N, least over the N: no CP-SAT round proved more)",
+    "vee-work": " (the ranks' mean work: DualPipeV has no CP-SAT model yet)",
 }
 
 
@@ -114,6 +124,17 @@ def graph_rate(ctx, batch: int = 4096, seed: int = 0) -> float:
     return batch / (time.perf_counter() - t0)
 
 
+def exact_rate(ctx, baselines: dict, tries: int = 8) -> float:
+    """Layouts per second the layout model scores one at a time (score_layout: the schedule
+    replayed, every rank's ledger; nothing cached between calls): what enumeration of a
+    DualPipeV skeleton's layouts would run at, with no schedule graph of the V to batch them."""
+    layout = next(iter(baselines.values()))
+    t0 = time.perf_counter()
+    for _ in range(tries):
+        score_layout(ctx, layout)
+    return tries / (time.perf_counter() - t0)
+
+
 def describe(score) -> str:
     fits = "fits" if score.fits else "does NOT fit"
     return f"step {score.step_time_s:8.4f} s  pipeline {score.pipeline_s:8.4f} s  peak {score.peak_bytes.max() / GIB:6.1f} GiB ({fits})"
@@ -133,20 +154,22 @@ def main() -> None:
         recompute = ctx.recompute_allowed
         print(f"\n{name}: {n} layers over {stages} stages, {ctx.microbatches} micro-batches; layout space "
               f"{float(space_size(n, stages, recompute)):.2e}" + (" (layer and recompute counts per stage)" if recompute else ""))
-        rate = graph_rate(ctx)
+        rate = graph_rate(ctx) if not ctx.vee else exact_rate(ctx, baselines)
         seconds = float(space_size(n, stages, recompute)) / rate
-        print(f"  exhaustive enumeration: {rate:,.0f} layouts/s on the schedule graph (batches of 4096, memory test included), "
+        how = "on the schedule graph (batches of 4096, memory test included)" if not ctx.vee else "by the layout model (no schedule graph of the V yet)"
+        print(f"  exhaustive enumeration: {rate:,.0f} layouts/s {how}, "
               f"{seconds / 3.156e7:.1e} years for the space: does not finish (nor does a DFS over it, which scores the same leaves)")
         scores = {}
         for label, layout in baselines.items():
             scores[label] = score_layout(ctx, layout)
             print(f"  {label:58s} {describe(scores[label])}")
         seeds = tuple(baselines.values())
-        searches = [("regular layouts (chunks of a rank within 1 layer)",
+        searches = [("descent over V layouts, each scored by the layout model (layout_report's path for DualPipeV)",
+                     lambda: vee_layout_search(ctx, args.time_limit, seeds[0]))] if ctx.vee else [("regular layouts (chunks of a rank within 1 layer)",
                      lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=tuple(b for b in seeds if regular(b, 1)), chunk_spread=1)),
                     ("free layouts", lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=seeds)),
                     ("regular (40% of the time) then free (mofa solve --pipeline-layouts)", lambda: two_phase(ctx, args.time_limit, args.workers, seeds)[1])]
-        if recompute:
+        if recompute and not ctx.vee:
             searches.append(("free layouts, one --recompute-num-layers N for every chunk (exportable)",
                              lambda: solve_layout(ctx, args.time_limit, args.workers, seeds=seeds, uniform_recompute=True)))
         for label, search in searches:
@@ -159,8 +182,9 @@ def main() -> None:
                 continue
             best = score_layout(ctx, sol.layout)
             status = "certified optimal" if sol.optimal else "not proven"
+            rounds = f"{sol.rounds} descent steps" if ctx.vee else f"{sol.rounds} CP-SAT rounds"
             print(f"  {label}: {describe(best)}")
-            print(f"    {elapsed:.2f} s (+{setup:.2f} s shared costs, schedule op lists) [{status}, {sol.rounds} CP-SAT rounds]; "
+            print(f"    {elapsed:.2f} s (+{setup:.2f} s shared costs, schedule op lists) [{status}, {rounds}]; "
                   f"proven makespan lower bound {sol.lower_bound_s:.4f} s, gap {100 * sol.gap:.2f}%" + BOUND_NOTES[sol.bound_source])
             for base, score in scores.items():
                 if score.fits:
