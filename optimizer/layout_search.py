@@ -810,7 +810,7 @@ def check_searchable(ctx: LayoutContext) -> None:
 def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayout, scores: dict | None = None) -> LayoutSolution:
     """DualPipeV's layouts, searched without CP-SAT (check_searchable): steepest descent from
     `start` over moves of one layer from a stage of the busiest rank (the most work per
-    micro-batch) to any other stage (the layers between shift by one, the model order kept),
+    micro-batch; while the layout does not fit, the rank with the highest peak) to any other stage (the layers between shift by one, the model order kept),
     each scored whole by the exact layout model (score_layout: the V simulated, every rank's
     ledger), the step time the objective among layouts that fit (the least bytes over the
     capacity among those that do not, from a start that does not fit). The configuration's full
@@ -835,9 +835,10 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
     best_score = score_of(best)
     steps = 0
     while time.perf_counter() - start_time < time_limit_s:
-        busiest = ctx.stages_of[int(np.argmax(best_score.rank_work_s))]
+        # off the busiest rank; while the layout does not fit, off the rank most over its memory
+        source = best_score.rank_work_s if best_score.fits else best_score.peak_bytes
         improved = None
-        for a in busiest:
+        for a in ctx.stages_of[int(np.argmax(source))]:
             if best.decoders[a] == 0:
                 continue
             for b in range(best.stages):
