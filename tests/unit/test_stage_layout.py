@@ -261,3 +261,17 @@ def test_dualpipev_layouts_are_searched_without_a_certificate(llama_vee):
     assert layout is None and not report["applied"] and report["regular"] is None
     assert "DualPipeV" in report["bound"] and not report["optimal"] and 0.0 < report["gap"] < 0.03
     assert report["makespan_lower_bound_s"] == pytest.approx(work_bound_s(layout_context(problem, cfg)), rel=1e-12)
+
+def test_a_v_layout_that_does_not_fit_is_repaired():
+    """Without the CPU optimizer the same V split needs 66.4 GiB of device B's 64: the descent
+    moves layers off the rank with the highest peak until a layout fits, which is launched
+    (applied) though it is slower than the split that does not fit."""
+    from optimizer.layout_search import layout_report
+
+    overrides = [o for o in DSV3_VEE if not o.startswith("cpu_optimizer")] + ["cpu_optimizer=false"]
+    problem = load_problem("problems/tuning/deepseek_v3_2048gpu_sn8.yaml", overrides)
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    report, layout = layout_report(problem, cfg, 10.0)
+    assert not report["megatron_split_fits"] and report["applied"] and layout is not None
+    ctx = layout_context(problem, cfg)
+    assert score_layout(ctx, layout).fits and layout.vee
