@@ -20,8 +20,8 @@ search keeps one --recompute-num-layers N for every chunk (r_s = min(N, layers_s
 launches; layout_report reports it where the per-chunk answer is no one N).
 
 A last case is what every shipped DeepSeek-V3 problem picks, DualPipeV: its V layouts have no
-CP-SAT model yet, so the search is layout_report's descent scored by the layout model, with
-the ranks' mean work as its bound.
+CP-SAT model yet, so the search is layout_report's descent scored by the layout model, bounded
+by each rank's work after the forward chain to it (vee_rank_bound).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ BOUND_NOTES = {
                "recompute by the search without recompute)"),
     "level-work": " (the ranks' busy time under one N, least over the N: no CP-SAT round proved more)",
     "vee-work": " (the ranks' mean work: DualPipeV has no CP-SAT model yet)",
+    "vee-rank": " (each rank's work after the forward chain to it, least over integer layer counts: DualPipeV has no CP-SAT model yet)",
 }
 
 
