@@ -842,7 +842,8 @@ def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int =
     f_expr = [sum(fwd[j] * counts[s][j] for j in range(len(runs))) + int(math.floor(const_f[s] * TIME_SCALE)) for s in range(stages)]
     work = [sum(both[j] * counts[s][j] for j in range(len(runs))) + int(math.floor((const_f[s] + const_b[s]) * TIME_SCALE))
             for s in range(stages)]
-    z = model.NewIntVar(0, int(2 * m * sum(both) * n + m * TIME_SCALE * float((const_f + const_b).sum())) + 1, "makespan")
+    # above any rank's work after any chain: (m + 1) x every layer and constant of the model
+    z = model.NewIntVar(0, (m + 1) * (n * max(both) + int(math.ceil(float((const_f + const_b).sum()) * TIME_SCALE))) + 1, "makespan")
     for r, mine in enumerate(ctx.stages_of):
         model.Add(z >= sum(f_expr[s] for s in range(int(mine[0]))) + m * sum(work[int(s)] for s in mine))
     model.Minimize(z)
