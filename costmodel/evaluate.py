@@ -28,7 +28,7 @@ from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import MOE_CHUNK_BINS, Problem
 from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP, US, optimizer_state_bytes
-from costmodel.update import optimizer_time, window_traffic, zero3_gathers
+from costmodel.update import cooldown_passes, optimizer_time, window_traffic, zero3_gathers
 
 #: step-time ledger: per-micro-batch terms of the pacing rank (times the micro-batches), then the
 #: pipeline's own terms, then the step-level ones; fsdp = ZeRO-3 parameter gathers and ZeRO-2/3
@@ -446,7 +446,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         flight = in_flight(rank.rank, cfg, micro)
         ledger = rank_memory(rank, flight, lc, cfg, x, mc, communicators, m.mtp_layers, micro)
         ledgers.append(ledger)
-        cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)  # eq. 24's window, in rank passes
+        cooldown = cooldown_passes(cfg, x)
         window_b = cooldown * bwd[k]
         window_f = cooldown * fwd[k]
         ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, groups, net, hw, (d_para, d_grad, d_opt), comp, window_b, window_f, cfg.vp, moe,

@@ -75,7 +75,6 @@ import re
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from costmodel.arrays import blend
 from costmodel.compute import ComputeModel
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
@@ -86,7 +85,7 @@ from costmodel.placement import stage_groups
 from costmodel.schedule_sim import flat_ops, schedule_ops, simulate
 from costmodel.specs import Problem
 from costmodel.units import DTYPE_BYTES, US
-from costmodel.update import optimizer_time
+from costmodel.update import cooldown_passes, optimizer_time
 
 SYMBOLS = "EtmL"
 
@@ -487,21 +486,25 @@ def unit_costs(ctx: LayoutContext) -> dict:
     }
 
 
-def stage_weights(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
-    """DualPipeV's weight-gradient seconds of one micro-batch of each stage (model order): the
-    part of stage_times' backward that its W pass runs (costmodel.evaluate's `wgrad`)."""
+def stage_kind_counts(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
+    """[stage, kind] layers of each kind on every stage, its MTP modules counted in their kind."""
     counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
     if ctx.mtp_kind is not None:
         counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
+    return counts
+
+
+def stage_weights(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
+    """DualPipeV's weight-gradient seconds of one micro-batch of each stage (model order): the
+    part of stage_times' backward that its W pass runs (costmodel.evaluate's `wgrad`)."""
+    counts = stage_kind_counts(ctx, layout)
     u = unit_costs(ctx)
     return counts @ u["kind_weight"] + (np.arange(layout.stages) == layout.stages - 1) * u["head_weight"]
 
 
 def stage_times(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of one micro-batch of each stage (model order)."""
-    counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    if ctx.mtp_kind is not None:
-        counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
+    counts = stage_kind_counts(ctx, layout)
     first = np.arange(layout.stages) == 0
     last = np.arange(layout.stages) == layout.stages - 1
     recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
@@ -569,7 +572,7 @@ def rank_update_s(ctx: LayoutContext, ledger, forward_s: float, backward_s: floa
     more to reduce and update, so the step's share is the busiest rank's, not the skeleton's."""
     cfg, tr, hw = ctx.cfg, ctx.problem.training, ctx.problem.hardware
     x = cfg.derived()
-    cooldown = blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)
+    cooldown = cooldown_passes(cfg, x)
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
     dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"))
     ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, ctx.groups, ctx.net, hw, dtypes, comp, cooldown * backward_s,
@@ -579,9 +582,7 @@ def rank_update_s(ctx: LayoutContext, ledger, forward_s: float, backward_s: floa
 
 def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Per rank: kind counts (MTP included), MTP modules, and per local chunk kind counts."""
-    counts = layout.kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    if ctx.mtp_kind is not None:
-        counts[:, ctx.mtp_kind] += np.asarray(layout.mtp)
+    counts = stage_kind_counts(ctx, layout)
     mine = [layout.rank_stages(r) for r in range(layout.pp)]
     per_rank = np.array([counts[st].sum(axis=0) for st in mine])
     mtp = np.array([int(np.asarray(layout.mtp)[st].sum()) for st in mine])

@@ -136,6 +136,13 @@ def dp_traffic(dense_params, expert_params, x, groups, net, dtypes, moe: bool):
     return blend(x.shard_states, sharded, all_reduce)
 
 
+def cooldown_passes(cfg, x):
+    """Eq. 24's overlap window of the step-level DP traffic, in passes of a rank over all its
+    virtual stages: interleaved, the cool-down's (vp - 1) * pp / vp; one pass otherwise. The
+    gradient reduce hides behind that many backward passes, the gather behind as many forwards."""
+    return blend(x.interleaved, (cfg.vp - 1) * cfg.pp / cfg.vp, 1.0)
+
+
 def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp, window_b, window_f, units_v, moe: bool,
                    optimizer_impl: str = "fused") -> OptimizerTime:
     """Step-level DP communication and update of one pipeline rank holding `dense_params` +

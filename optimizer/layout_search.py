@@ -832,11 +832,7 @@ def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int =
     for s in range(stages):
         model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
     model.Add(prefix[-1] == n)
-    if len(runs) == 1:
-        counts = [[t[s]] for s in range(stages)]
-    else:
-        clipped = [[clipped_prefix(model, prefix[s], a, b, n, f"{j}_{s}") for s in range(stages)] for j, (_, a, b) in enumerate(runs)]
-        counts = [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)]
+    counts, _ = run_count_vars(model, t, prefix, runs, n)
     fwd = [int(math.floor(u["kind_forward"][k] * TIME_SCALE)) for k, _, _ in runs]
     both = [int(math.floor(u["kind_total"][k] * TIME_SCALE)) for k, _, _ in runs]
     f_expr = [sum(fwd[j] * counts[s][j] for j in range(len(runs))) + int(math.floor(const_f[s] * TIME_SCALE)) for s in range(stages)]
@@ -1034,16 +1030,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             model.AddMinEquality(rc[s], [level, t[s]])
     vars_ = t + rc  # what an answer assigns
     # layers of each kind-run per stage
-    if len(runs) == 1:
-        run_counts = [[t[s]] for s in range(stages)]
-    else:
-        clipped = []
-        for j, (_, a, b) in enumerate(runs):
-            row = []
-            for s in range(stages):
-                row.append(clipped_prefix(model, prefix[s], a, b, n_layers, f"{j}_{s}"))
-            clipped.append(row)
-        run_counts = [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)]
+    run_counts, clipped = run_count_vars(model, t, prefix, runs, n_layers)
     kind_of_run = [kind for kind, _, _ in runs]
     # recomputed layers of each kind-run per stage: the first r_s of the stage, i.e. the layers
     # [P_{s-1}, P_{s-1} + r_s) clipped to each run
@@ -1590,6 +1577,18 @@ def clipped_prefix(model: cp_model.CpModel, value, a: int, b: int, upper: int, t
     return q
 
 
+def run_count_vars(model: cp_model.CpModel, t, prefix, runs, upper: int, tag: str = "") -> tuple[list, list]:
+    """Layers of each kind run per stage as CP-SAT expressions: t itself for one run, else the
+    differences of the prefix sums clipped to each run (clipped_prefix; the clips shared by
+    neighbouring stages keep the LP relaxation tight). Returns ([stage][run] counts, [run][stage]
+    clipped prefix sums, empty for one run)."""
+    stages = len(t)
+    if len(runs) == 1:
+        return [[t[s]] for s in range(stages)], []
+    clipped = [[clipped_prefix(model, prefix[s], a, b, upper, f"{tag}{j}_{s}") for s in range(stages)] for j, (_, a, b) in enumerate(runs)]
+    return [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)], clipped
+
+
 def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | None" = None, time_limit_s: float = 5.0,
                           workers: int = 2, paths=(), chunk_spread: int | None = None, min_layers: int = 0,
                           max_layers: int | None = None, hint: StageLayout | None = None,
@@ -1655,12 +1654,10 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
         _, a, b = runs[j]
         return clipped_prefix(model, value, a, b, n + 1, f"{tag}{j}")
 
+    run_counts, clipped = run_count_vars(model, t, prefix, runs, n + 1, "c")
     if len(runs) == 1:
-        run_counts = [[t[s]] for s in range(stages)]
         x_counts = [[x[s]] for s in range(stages)]
     else:
-        clipped = [[clip(prefix[s], j, f"c{s}") for s in range(stages)] for j in range(len(runs))]
-        run_counts = [[clipped[j][s] - (clipped[j][s - 1] if s else runs[j][1]) for j in range(len(runs))] for s in range(stages)]
         x_counts = [[clip((prefix[s - 1] if s else 0) + x[s], j, f"x{s}") - (clipped[j][s - 1] if s else runs[j][1])
                      for j in range(len(runs))] for s in range(stages)]
     if len(runs) > 1:
