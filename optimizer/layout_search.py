@@ -51,6 +51,7 @@ from costmodel.stage_layout import (
     rank_peak_bytes,
     recompute_working_bytes,
     score_layout,
+    stage_ranks,
     unit_costs,
 )
 
@@ -111,22 +112,34 @@ def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, pr
 
 
 class ScheduleGraph:
-    """The dependency graph of a schedule's op lists (schedule_sim's rules: an op waits for its
-    rank's previous op, a forward for the previous stage's forward of its micro-batch, a
-    backward for its own forward and the next stage's backward) at zero hop time, levelled once
-    (an op's level is one more than its deepest input's), so that the makespan of any per-stage
-    times -- schedule_sim.simulate's at hop 0, the layout search's objective -- is a few numpy
-    operations per level, for many layouts at once. ~20x faster than replaying the op lists,
-    which makes the search's cut generation and its local search affordable at m = 480."""
+    """The dependency graph of a schedule's op lists (schedule_sim's rules: an entry waits for
+    its rank's previous entry and its ops' inputs from outside it, op_inputs) at zero hop time,
+    levelled once (an entry's level is one more than its deepest input's), so that the makespan
+    of any per-stage times -- schedule_sim.simulate's at hop 0, the layout search's objective --
+    is a few numpy operations per level, for many layouts at once. ~20x faster than replaying
+    the op lists, which makes the search's cut generation and its local search affordable at
+    m = 480. A node is an entry of the op lists: one op, or DualPipeV's group (a forward run
+    with another stage's backward, a backward with its weight gradient), which lasts the sum of
+    its ops as schedule_sim times it; weight-gradient passes (W) take their own seconds."""
+
+    KINDS = "FBW"
 
     def __init__(self, ops, stages: int):
-        flat = [(i, op) for rank_ops in ops for i, op in enumerate(rank_ops)]
-        n = len(flat)
-        index = {(op.kind, op.stage, op.microbatch): k for k, (_, op) in enumerate(flat)}
-        preds = np.full((n, 3), n, dtype=np.int64)  # n: a sentinel input that ends at 0
-        for k, (i, op) in enumerate(flat):
-            row = ([k - 1] if i > 0 else []) + [index[key] for key in op_inputs(op, stages - 1)]
+        entries = [(i, entry if isinstance(entry, tuple) else (entry,)) for rank_ops in ops for i, entry in enumerate(rank_ops)]
+        n = len(entries)
+        node_of = {(op.kind, op.stage, op.microbatch): k for k, (_, group) in enumerate(entries) for op in group}
+        rows = []
+        for k, (i, group) in enumerate(entries):
+            inputs = [node_of[key] for op in group for key in op_inputs(op, stages - 1)]
+            rows.append(list(dict.fromkeys(([k - 1] if i > 0 else []) + [p for p in inputs if p != k])))
+        preds = np.full((n, max((len(row) for row in rows), default=1)), n, dtype=np.int64)  # n: a sentinel input that ends at 0
+        for k, row in enumerate(rows):
             preds[k, :len(row)] = row
+        # each node's ops as indices into [F stages | B stages | W stages | a zero]
+        self.zero = len(self.KINDS) * stages
+        op_index = np.full((n, max((len(g) for _, g in entries), default=1)), self.zero, dtype=np.int64)
+        for k, (_, group) in enumerate(entries):
+            op_index[k, :len(group)] = [self.KINDS.index(op.kind) * stages + op.stage for op in group]
         waiting = (preds < n).sum(axis=1)
         successors = [[] for _ in range(n)]
         for k in range(n):
@@ -150,58 +163,76 @@ class ScheduleGraph:
         edges = np.searchsorted(level[order], np.arange(level.max() + 2))
         self.levels = [order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
         self.preds = preds
-        self.is_forward = np.array([op.kind == "F" for _, op in flat])
-        self.stage = np.array([op.stage for _, op in flat])
+        self.op_index = op_index
+        self.has_weight = bool((op_index[op_index < self.zero] >= 2 * stages).any())
         self.ops = n
         self.stages = stages
 
-    def ends(self, forward_s: np.ndarray, backward_s: np.ndarray) -> np.ndarray:
-        """End time of every op (and a last entry 0 for the sentinel): [op + 1] for per-stage
-        seconds [stage] in model order, [op + 1, K] for K layouts' [stage, K]."""
-        forward_s, backward_s = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
-        is_f = self.is_forward if forward_s.ndim == 1 else self.is_forward[:, None]
-        duration = np.where(is_f, forward_s[self.stage], backward_s[self.stage])
+    def _seconds(self, seconds) -> np.ndarray:
+        """[3 stages + 1] (or [.., K]) seconds by op index from the per-stage seconds of each
+        pass (forward, backward; the backward's input-gradient part and the weight gradient
+        where the graph has W passes), and the zero of padding."""
+        seconds = [np.asarray(x, dtype=float) for x in seconds]
+        if len(seconds) != 2 + self.has_weight:
+            raise ValueError("give (forward, backward) seconds, and the weight-gradient seconds where the schedule splits "
+                             f"backward into B and W: {len(seconds)} given")
+        pad = [np.zeros_like(seconds[0])] * (3 - len(seconds)) + [np.zeros((1,) + seconds[0].shape[1:])]
+        return np.concatenate(seconds + pad)
+
+    def ends(self, *seconds: np.ndarray) -> np.ndarray:
+        """End time of every node (and a last entry 0 for the sentinel) for per-stage seconds of
+        each pass ([stage] in model order: forward, backward, and weight gradient where the
+        graph has W passes): [node + 1], or [node + 1, K] for K layouts' [stage, K]."""
+        duration = self._seconds(seconds)[self.op_index].sum(axis=1)
         end = np.zeros((self.ops + 1,) + duration.shape[1:])
         for idx in self.levels:
             end[idx] = end[self.preds[idx]].max(axis=1) + duration[idx]
         return end
 
-    def makespan(self, forward_s: np.ndarray, backward_s: np.ndarray):
+    def makespan(self, *seconds: np.ndarray):
         """The longest path: a float for one layout, [K] for K."""
-        return self.ends(forward_s, backward_s)[:-1].max(axis=0)
+        return self.ends(*seconds)[:-1].max(axis=0)
 
-    def paths(self, forward_s: np.ndarray, backward_s: np.ndarray, end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _split(self, counts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Op counts by index [..., 3 stages + 1] -> (forward, backward) per stage, and the
+        weight-gradient passes where the graph has them."""
+        s = self.stages
+        parts = (counts[..., :s], counts[..., s:2 * s]) + ((counts[..., 2 * s:3 * s],) if self.has_weight else ())
+        return tuple(np.ascontiguousarray(p) for p in parts)
+
+    def paths(self, *seconds: np.ndarray, end: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """`path` of K layouts at once ([stage, K] seconds): [K, stage] forward and backward
-        op counts, all K backtracked in step (`end`: their ends() where already computed)."""
-        end = self.ends(forward_s, backward_s) if end is None else end
+        op counts (and weight-gradient passes, where the graph has them), all K backtracked
+        in step (`end`: their ends() where already computed)."""
+        end = self.ends(*seconds) if end is None else end
         width = end.shape[1]
         k = end[:-1].argmax(axis=0)
-        n_f, n_b = np.zeros((width, self.stages)), np.zeros((width, self.stages))
+        counts = np.zeros((width, self.zero + 1))
         cols = np.arange(width)
         while True:
             live = k < self.ops
             if not live.any():
                 break
             kk, cc = k[live], cols[live]
-            fwd = self.is_forward[kk]
-            np.add.at(n_f, (cc[fwd], self.stage[kk[fwd]]), 1)
-            np.add.at(n_b, (cc[~fwd], self.stage[kk[~fwd]]), 1)
-            p = self.preds[kk]  # [live, 3]
+            idx = self.op_index[kk]  # [live, group]
+            np.add.at(counts, (np.repeat(cc, idx.shape[1]), idx.ravel()), 1)
+            p = self.preds[kk]  # [live, inputs]
             k[live] = p[np.arange(len(kk)), end[p, cc[:, None]].argmax(axis=1)]
-        return n_f, n_b
+        return self._split(counts)
 
-    def path(self, forward_s: np.ndarray, backward_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(forward ops, backward ops) per stage on a longest path (backtracked from the op that
-        ends last through an input that ends latest): as a linear form in the stage times it
-        equals this layout's makespan and bounds every other layout's from below."""
-        end = self.ends(forward_s, backward_s)
+    def path(self, *seconds: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(forward ops, backward ops) per stage on a longest path, and its weight-gradient
+        passes where the graph has them (backtracked from the node that ends last through an
+        input that ends latest): as a linear form in the stage times it equals this layout's
+        makespan and bounds every other layout's from below."""
+        end = self.ends(*seconds)
         k = int(end[:-1].argmax())
-        n_f, n_b = np.zeros(self.stages), np.zeros(self.stages)
+        counts = np.zeros(self.zero + 1)
         while k < self.ops:
-            (n_f if self.is_forward[k] else n_b)[self.stage[k]] += 1
+            np.add.at(counts, self.op_index[k], 1)
             p = self.preds[k]
             k = int(p[end[p].argmax()])
-        return n_f, n_b
+        return self._split(counts)
 
 
 _GRAPHS: dict = {}
@@ -209,7 +240,7 @@ _GRAPHS: dict = {}
 
 def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
     """The skeleton's ScheduleGraph, built once per op-list shape (a few hundred ms at m = 480)."""
-    key = (ctx.pp, ctx.vp, tuple((op.kind, op.stage, op.microbatch) for rank_ops in ctx.ops for op in rank_ops))
+    key = (ctx.pp, ctx.vp, tuple(tuple(rank_ops) for rank_ops in ctx.ops))
     if key not in _GRAPHS:
         if len(_GRAPHS) > 8:
             _GRAPHS.clear()
@@ -233,6 +264,29 @@ class _Answers(cp_model.CpSolverSolutionCallback):
             self.answers.append(answer)
 
 
+def round_below(model: cp_model.CpModel, z, variables, incumbent_s: float, slack_s: float, time_limit_s: float,
+                workers: int, under_s: float = 0.0) -> tuple[int, float, list]:
+    """One round that asks CP-SAT only for layouts the model prices below the incumbent
+    (makespan `z` <= incumbent - 2 slack, set as z's domain): (status, the makespan bound it
+    proves for every layout, in seconds, and every distinct answer it found). Each answer is
+    then truly better or priced too low (its longest path a new cut), and INFEASIBLE certifies
+    the incumbent within 2 slack. `under_s`: how far the model's rounded coefficients can price
+    a layout above its makespan (0 where they are rounded down)."""
+    domain = model.Proto().variables[z.Index()].domain
+    goal_s = incumbent_s - 2 * slack_s
+    domain[0], domain[1] = 0, max(int(math.floor(goal_s * TIME_SCALE)), 0)
+    found = _Answers(variables)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.05)
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.random_seed = 0
+    status = solver.Solve(model, found)
+    if status == cp_model.INFEASIBLE:
+        return status, goal_s, found.answers
+    # proven on the restricted model: no layout is priced below it, or the incumbent is within 2 slack
+    return status, min(solver.BestObjectiveBound() / TIME_SCALE - under_s, goal_s), found.answers
+
+
 def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
     """(kind, first layer, end) of each maximal run of equal kinds in model order."""
     runs = []
@@ -245,8 +299,7 @@ def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
 def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float]:
     """(base_0, base per kind, transient_0, transient per kind, head bytes) of a rank, read
     off the exact ledger at zero activations: peak = base + (1+frag)*max(act + head, trans)."""
-    pp = ctx.pp
-    last_rank = (pp * ctx.vp - 1) % pp
+    last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
     first, last = rank == 0, rank == last_rank
     mtp = ctx.problem.model.mtp_layers if last else 0
     no_head = dataclasses.replace(ctx.lc, head_saved=0.0 * ctx.lc.head_saved)
@@ -278,7 +331,7 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
     over its in-flight vectors h (ctx.held). The CP-SAT model and the local search read it."""
     base0, base, trans0, trans, head = rank_memory_model(ctx, rank)
     mtp_act = 0.0
-    if rank == (ctx.pp * ctx.vp - 1) % ctx.pp and ctx.mtp_kind is not None:
+    if rank == stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1] and ctx.mtp_kind is not None:
         mtp_layers = ctx.problem.model.mtp_layers
         base0 += mtp_layers * base[ctx.mtp_kind]
         trans0 += mtp_layers * trans[ctx.mtp_kind]
@@ -307,6 +360,9 @@ class LinearLayouts:
         first = np.arange(self.stages) == 0
         last = np.arange(self.stages) == self.stages - 1
         self.const_forward_s, self.const_backward_s = chunk_times(u, edge, mtp, first, last)
+        # DualPipeV's weight-gradient pass, part of the backward above (stage_weights' composition)
+        self.const_weight_s = edge @ u["kind_weight"] + last * u["head_weight"]
+        self.weight_s = u["kind_weight"][self.kind_of_run]
         self.forward_s = u["kind_forward"][self.kind_of_run]
         self.backward_s = (u["kind_total"] - u["kind_forward"])[self.kind_of_run]
         self.act = u["kind_activation"][self.kind_of_run]
@@ -349,22 +405,41 @@ class LinearLayouts:
             backward = backward + recomputed @ self.recompute_s
         return (counts @ self.forward_s + self.const_forward_s).T, backward.T
 
+    def weights(self, counts: np.ndarray) -> np.ndarray:
+        """[stage, K] DualPipeV weight-gradient seconds of K layouts' run counts [K, stage, run]:
+        the part of `times`' backward that the W pass runs (stage_weights)."""
+        return (counts @ self.weight_s + self.const_weight_s).T
+
+    def pass_times(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """The schedule graph's seconds ([stage, K] per pass) of K layouts: (forward, backward),
+        or under DualPipeV (forward, input gradient, weight gradient), its backward split."""
+        forward, backward = self.times(counts, recomputed)
+        if not self.ctx.vee:
+            return forward, backward
+        weight = self.weights(counts)
+        return forward, backward - weight, weight
+
+    def pass_layer_s(self, run: int) -> tuple[float, ...]:
+        """One layer of kind-run `run`'s seconds in each of pass_times' passes (no recompute)."""
+        if not self.ctx.vee:
+            return float(self.forward_s[run]), float(self.backward_s[run])
+        return float(self.forward_s[run]), float(self.backward_s[run] - self.weight_s[run]), float(self.weight_s[run])
+
     def rank_rows(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> list[np.ndarray]:
         """Per rank, [K, 1 + vectors] the peak bytes of each memory row (rank_memory_terms):
         the optimizer transient's, then each in-flight vector's; the rank's peak is their max.
         Recomputed layers keep their input instead of their activations and add the working
         set of the largest kind the rank recomputes (stage_layout.recompute_working_bytes)."""
         out = []
-        pp = self.ctx.pp
         for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
-            mine = counts[:, r::pp, :]  # [K, chunk, run]
+            mine = counts[:, self.ctx.stages_of[r], :]  # [K, chunk, run]
             fixed = base0 + mine.sum(axis=1) @ base[self.kind_of_run]
             transient = trans0 + mine.sum(axis=1) @ trans[self.kind_of_run]
             held = self.ctx.held[r]  # [vectors, chunk]
             chunk_bytes = mine @ self.act
             working = 0.0
             if recomputed is not None:
-                rmine = recomputed[:, r::pp, :]
+                rmine = recomputed[:, self.ctx.stages_of[r], :]
                 chunk_bytes = chunk_bytes - rmine @ self.dropped
                 per_kind = np.zeros((len(counts), len(self.ctx.kinds)))
                 np.add.at(per_kind.T, self.kind_of_run, rmine.sum(axis=1).T)
@@ -385,9 +460,10 @@ class LinearLayouts:
         j = int(np.argmax([end - begin for _, begin, end in self.runs]))
         k = self.kind_of_run[j]
         out = np.zeros(self.stages)
-        for s in range(self.stages):
-            base0, base, trans0, trans, head, mtp_act = self.memory[s % self.ctx.pp]
-            out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[s % self.ctx.pp][:, s // self.ctx.pp].max()
+        for r, mine in enumerate(self.ctx.stages_of):
+            base0, base, trans0, trans, head, mtp_act = self.memory[r]
+            for c, s in enumerate(mine):
+                out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[r][:, c].max()
         return out
 
     def excess(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
@@ -397,6 +473,76 @@ class LinearLayouts:
     def fits(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K] whether every rank's linear memory test passes."""
         return (self.excess(counts, recomputed) <= 0).all(axis=1)
+
+
+class MemoryRows:
+    """The rank memory test of LinearLayouts.rank_rows as CP-SAT rows over a layout model's
+    layers of each kind-run per stage (and recomputed ones): per rank one row for the
+    optimizer transient and one per in-flight vector h, in integer KiB. A rank of interleaved
+    1F1B has up to ~100 vectors, and all of them make a model whose presolve alone takes
+    seconds; so each rank starts with its transient row, and a layout that breaks a row brings
+    that row in (add_broken; fewer rows only relax the model: its bound stays valid)."""
+
+    def __init__(self, model: cp_model.CpModel, ctx: LayoutContext, lin: "LinearLayouts", run_counts, rc_counts=None):
+        u = unit_costs(ctx)
+        kind_of_run = [int(k) for k in lin.kind_of_run]
+        n_layers = len(ctx.kind_of_layer)
+        act = u["kind_activation"]
+        scaled_frag = int(round((1 + lin.frag) * 1000))
+        self.model, self.lin, self.ctx = model, lin, ctx
+        self.budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
+        self.rows = {}  # (rank, vector index or -1 for the transient) -> its left side
+        self.added = set()
+        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
+            mine = [int(s) for s in ctx.stages_of[r]]
+            kind_count = {k: [] for k in range(len(ctx.kinds))}
+            for s in mine:
+                for j, k in enumerate(kind_of_run):
+                    kind_count[k].append(run_counts[s][j])
+            base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
+            trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
+            self.rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
+            working = 0
+            if rc_counts is not None:
+                # the working set of the largest kind the rank recomputes: w >= working_k * y_k,
+                # y_k = 1 where the rank recomputes a layer of kind k (w only relaxes the rows upward
+                # from 0, so its least value is the max)
+                working = model.NewIntVar(0, int(round(u["kind_working"].max() / BYTE_SCALE)) + 1, f"w{r}")
+                for k in sorted(set(kind_of_run)):
+                    if u["kind_working"][k] <= 0:
+                        continue
+                    y = model.NewBoolVar(f"y{r}_{k}")
+                    model.Add(sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k) <= n_layers * y)
+                    model.Add(working >= int(round(u["kind_working"][k] / BYTE_SCALE)) * y)
+            for i, h in enumerate(ctx.held[r]):
+                act_expr = sum(int(h[c]) * sum(int(round(act[k] / BYTE_SCALE)) * run_counts[s][j] for j, k in enumerate(kind_of_run))
+                               for c, s in enumerate(mine) if h[c])
+                if rc_counts is not None:  # what the recomputed layers do not keep
+                    act_expr = act_expr - sum(int(h[c]) * sum(int(round(u["kind_dropped"][k] / BYTE_SCALE)) * rc_counts[s][j]
+                                                              for j, k in enumerate(kind_of_run)) for c, s in enumerate(mine) if h[c]) + working
+                const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
+                self.rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
+        for r in range(ctx.pp):
+            self.add((r, -1))
+
+    def add(self, key) -> bool:
+        """Bring one row into the model; whether it was new."""
+        if key in self.added:
+            return False
+        self.added.add(key)
+        self.model.Add(self.rows[key] <= self.budget * 1000)
+        return True
+
+    def add_broken(self, vector) -> bool:
+        """Add the rows this layout (decoder counts, then recompute counts) breaks, and per rank
+        the row nearest to binding; whether any row was new."""
+        counts, recomputed = self.lin.layout_counts(np.array(vector)[None])
+        new = False
+        for r, values in enumerate(self.lin.rank_rows(counts, recomputed)):
+            values = values[0]  # [1 + vectors] bytes: transient first
+            for i in [int(np.argmax(values))] + [i for i in np.flatnonzero(values > self.ctx.problem.hardware.memory_bytes)]:
+                new |= self.add((r, i - 1))
+        return new
 
 
 def fewest_recompute(ctx: LayoutContext, layout: StageLayout, lin: LinearLayouts | None = None,
@@ -648,34 +794,38 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
         recomputed = recomputed if lin.recompute else None
         return counts, recomputed
 
-    def measured(f, b):
+    def measured(seconds):
         """(makespan, sum of every op's end) of each layout: the second breaks ties, so that the
         descent crosses a plateau of equal makespans where several longest paths must all be
         shortened (two recomputed layers moved off two parallel paths: Llama 3 405B cp 1,
         5.770 -> 5.757 s), and stops, since the pair only ever decreases."""
-        ends = graph.ends(f, b)[:-1]
+        ends = graph.ends(*seconds)[:-1]
         return ends.max(axis=0), ends.sum(axis=0)
 
     counts, recomputed = measure(current[None])
-    f, b = lin.times(counts, recomputed)
-    values, totals = measured(f, b)
+    seconds = lin.pass_times(counts, recomputed)
+    values, totals = measured(seconds)
     value, total = float(values[0]), float(totals[0])
     over = lin.excess(counts, recomputed)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
     headroom = lin.headroom(counts, recomputed)[0]
-    paths = [graph.path(f[:, 0], b[:, 0])]
+    paths = [graph.path(*(x[:, 0] for x in seconds))]
     main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
-    rank_of = np.arange(stages) % ctx.pp
+    layer_s = lin.pass_layer_s(main_run)
+    rank_of = np.array(stage_ranks(ctx.pp, ctx.vp, ctx.vee))
     # bytes one more recomputed layer of the main kind takes off its rank's peak (the most
     # micro-batches its chunk has in flight times what it stops keeping)
-    drop_bytes = np.array([(1 + lin.frag) * lin.dropped[main_run] * ctx.held[s % ctx.pp][:, s // ctx.pp].max() for s in range(stages)])
+    drop_bytes = np.zeros(stages)
+    for r, mine in enumerate(ctx.stages_of):
+        for c, s in enumerate(mine):
+            drop_bytes[s] = (1 + lin.frag) * lin.dropped[main_run] * ctx.held[r][:, c].max()
     while time.perf_counter() - t0 < time_limit_s:
         # every move, the most promising first: off a rank over its memory, then those that
         # shorten the current longest path most, ties at random. A layer move from stage a to
         # c gains (ops of the path on a minus on c) x a layer; a recompute move on stage a
         # gains or loses the path's backward ops on a x a layer's recompute.
         dec, rec = current[:stages], current[stages:]
-        n_f, n_b = paths[-1]
-        weight = n_f * lin.forward_s[main_run] + n_b * (lin.backward_s[main_run] + lin.recompute_s[main_run] * (rec > 0))
+        n_b = paths[-1][1]  # (under DualPipeV the path's W passes follow)
+        weight = sum(n * s for n, s in zip(paths[-1], layer_s)) + n_b * lin.recompute_s[main_run] * (rec > 0)
         a, c = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
         ok = (a != c) & (dec[a] > 0)
         a, c = a[ok], c[ok]
@@ -765,8 +915,8 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             cand, levels = cand[keep], levels[keep]
             counts, recomputed = measure(cand)
             cand_over = lin.excess(counts, recomputed)
-            f, b = lin.times(counts, recomputed)
-            values, totals = measured(f, b)
+            seconds = lin.pass_times(counts, recomputed)
+            values, totals = measured(seconds)
             if over.sum() > 0:  # repairing: least total excess, then the shortest
                 k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
                 better = cand_over[k].sum() < over.sum()
@@ -783,7 +933,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             if better:
                 current, value, total, over, level, improved = cand[k], float(values[k]), float(totals[k]), cand_over[k], int(levels[k]), True
                 headroom = lin.headroom(*measure(current[None]))[0]
-                paths.append(graph.path(f[:, k], b[:, k]))
+                paths.append(graph.path(*(x[:, k] for x in seconds)))
                 break
             if time.perf_counter() - t0 >= time_limit_s:
                 break
@@ -791,41 +941,46 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             neighbours.sort()
             near = np.array([layout for _, layout in neighbours[:neighbour_paths]], dtype=np.int64).reshape(-1, 2 * stages)
             for i in range(0, len(near), batch):
-                f, b = lin.times(*measure(near[i:i + batch]))
-                paths.extend(zip(*graph.paths(f, b)))
+                paths.extend(zip(*graph.paths(*lin.pass_times(*measure(near[i:i + batch])))))
             break
     return tuple(int(x) for x in current[:stages]), value, paths, tuple(int(x) for x in current[stages:])
 
 
 def check_searchable(ctx: LayoutContext) -> None:
-    """Refuse skeletons the CP-SAT search does not cover though the layout model scores them:
-    DualPipeV, whose grouped ops (a forward run with another stage's backward) and deferred
-    weight-gradient passes the schedule graph and its path cuts do not express yet
-    (vee_layout_search searches its layouts without a certificate)."""
+    """Refuse skeletons solve_layout does not cover though the layout model scores them:
+    DualPipeV, whose V places rank r's stages at r and 2pp - 1 - r where solve_layout's
+    region bounds, segment paths and recompute rows read stage s on rank s % pp
+    (vee_layout_search searches the V: a descent, then vee_rounds' CP-SAT rounds)."""
     if ctx.vee:
-        raise LayoutError("layout search does not model pp_schedule dualpipev (its grouped ops and weight-gradient passes); "
+        raise LayoutError("solve_layout does not search pp_schedule dualpipev (its V places stages r and 2pp - 1 - r on rank r); "
                           "vee_layout_search searches it, `mofa evaluate --pipeline-layout` scores a layout under it")
 
 
-def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int = 2) -> float:
-    """A makespan lower bound for every DualPipeV layout of the skeleton: rank r's first op is
-    the forward of its first stage (stage r) on micro-batch 0, which waits for that micro-batch's
-    forward through stages 0..r-1, and the rank then runs all its m micro-batches' work on its
-    two stages one op after another (a group's ops back to back, weight gradients inside the
-    backward), so makespan >= sum_{s < r} F_s + m * R_r for every r. CP-SAT minimises the
-    largest over the integer layer counts per stage and kind run (recompute left out: it only
-    adds), coefficients rounded down to integer nanoseconds; its proven bound, in seconds.
-    Where the ranks' work is uneven in integers (DeepSeek-V3 on pp 4: 61 layers, 3 of them
-    dense, over 4 ranks) it is above the ranks' mean work (work_bound_s)."""
-    u = unit_costs(ctx)
+@dataclasses.dataclass
+class VeeModel:
+    """DualPipeV's layouts as a CP-SAT model: integer decoder layers per stage `t` (model
+    order), the layers of each kind-run per stage `counts`, each stage's forward,
+    input-gradient and weight-gradient nanoseconds as linear expressions (LinearLayouts'
+    seconds rounded down, so that any path's length in the model is at most its length in
+    seconds), and the makespan `z` above each rank's work after the forward chain to it
+    (vee_rank_bound's rows). The rounds of vee_rounds add path cuts and memory rows."""
+
+    model: cp_model.CpModel
+    t: list
+    counts: list
+    forward: list
+    backward: list
+    weight: list
+    z: object
+
+
+def vee_model(ctx: LayoutContext, lin: "LinearLayouts") -> VeeModel:
+    """The V's base model (VeeModel): t, counts, per-stage times and the rank rows
+    makespan >= sum_{s < r} F_s + m * R_r (rank r's first op waits for micro-batch 0's forward
+    through stages 0..r-1, then the rank runs its m micro-batches' work on its two stages one
+    op after another)."""
     runs = kind_runs(ctx.kind_of_layer)
     stages, n, m = ctx.pp * ctx.vp, len(ctx.kind_of_layer), ctx.microbatches
-    mtp = np.zeros(stages)
-    mtp[-1] = ctx.problem.model.mtp_layers
-    edge = np.zeros((stages, len(ctx.kinds)))
-    if ctx.mtp_kind is not None:
-        edge[-1, ctx.mtp_kind] = mtp[-1]
-    const_f, const_b = chunk_times(u, edge, mtp, np.arange(stages) == 0, np.arange(stages) == stages - 1)
     model = cp_model.CpModel()
     t = [model.NewIntVar(0, n, f"t{s}") for s in range(stages)]
     prefix = [model.NewIntVar(0, n, f"P{s}") for s in range(stages)]
@@ -833,58 +988,180 @@ def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int =
         model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
     model.Add(prefix[-1] == n)
     counts, _ = run_count_vars(model, t, prefix, runs, n)
-    fwd = [int(math.floor(u["kind_forward"][k] * TIME_SCALE)) for k, _, _ in runs]
-    both = [int(math.floor(u["kind_total"][k] * TIME_SCALE)) for k, _, _ in runs]
-    f_expr = [sum(fwd[j] * counts[s][j] for j in range(len(runs))) + int(math.floor(const_f[s] * TIME_SCALE)) for s in range(stages)]
-    work = [sum(both[j] * counts[s][j] for j in range(len(runs))) + int(math.floor((const_f[s] + const_b[s]) * TIME_SCALE))
-            for s in range(stages)]
+
+    def ns(x) -> int:
+        return int(math.floor(float(x) * TIME_SCALE))
+
+    def linear(per_run, const):
+        return [sum(ns(per_run[j]) * counts[s][j] for j in range(len(runs))) + ns(const[s]) for s in range(stages)]
+
+    forward = linear(lin.forward_s, lin.const_forward_s)
+    backward = linear(lin.backward_s - lin.weight_s, lin.const_backward_s - lin.const_weight_s)  # the input-gradient pass
+    weight = linear(lin.weight_s, lin.const_weight_s)
+    per_layer = max(ns(x) for x in lin.forward_s + lin.backward_s) + 3
     # above any rank's work after any chain: (m + 1) x every layer and constant of the model
-    z = model.NewIntVar(0, (m + 1) * (n * max(both) + int(math.ceil(float((const_f + const_b).sum()) * TIME_SCALE))) + 1, "makespan")
-    for r, mine in enumerate(ctx.stages_of):
-        model.Add(z >= sum(f_expr[s] for s in range(int(mine[0]))) + m * sum(work[int(s)] for s in mine))
-    model.Minimize(z)
+    horizon = (m + 1) * (n * per_layer + ns((lin.const_forward_s + lin.const_backward_s).sum()) + 3 * stages) + 1
+    z = model.NewIntVar(0, horizon, "makespan")
+    for mine in ctx.stages_of:
+        model.Add(z >= sum(forward[s] for s in range(int(mine[0]))) + m * sum(forward[s] + backward[s] + weight[s] for s in map(int, mine)))
+    return VeeModel(model, t, counts, forward, backward, weight, z)
+
+
+def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int = 2) -> float:
+    """A makespan lower bound for every DualPipeV layout of the skeleton, fitting or not: the
+    least over the integer layer counts per stage and kind run of vee_model's rank rows
+    (recompute left out: it only adds); its proven bound, in seconds. Where the ranks' work is
+    uneven in integers (DeepSeek-V3 on pp 4: 61 layers, 3 of them dense, over 4 ranks) it is
+    above the ranks' mean work (work_bound_s)."""
+    vm = vee_model(ctx, LinearLayouts(ctx))
+    vm.model.Minimize(vm.z)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.05)
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = 0
-    status = solver.Solve(model)
+    status = solver.Solve(vm.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return 0.0
     return float(solver.BestObjectiveBound()) / TIME_SCALE
 
 
-def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayout, scores: dict | None = None) -> LayoutSolution:
-    """DualPipeV's layouts, searched without CP-SAT (check_searchable): steepest descent from
-    `start` over moves of one layer from a stage of the busiest rank (the most work per
-    micro-batch; while the layout does not fit, the rank with the highest peak) to any other
-    stage (the layers between shift by one, the model order kept), each scored whole by the
-    exact layout model (score_layout: the V simulated, every rank's ledger), the step time the
-    objective among layouts that fit (the least bytes over the capacity among those that do
-    not, from a start that does not fit). The configuration's full
-    recompute stays as Megatron would launch it (own_layout: block N per stage). Stops at a
-    local optimum or the time limit. The bound is the better of vee_rank_bound (each rank's
-    work after the forward chain to its first stage, least over integer layer counts) and
-    work_bound_s (the ranks' mean work), both for every V layout: the gap left is the V's
-    bubble beyond that chain."""
+def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float, workers: int = 2,
+               paths=()) -> tuple[StageLayout, float, bool, int]:
+    """CP-SAT rounds over DualPipeV's layouts (no full recompute: check in vee_layout_search),
+    as solve_layout's free rounds: the model (vee_model) asks only for layouts it prices below
+    the incumbent `best`; each answer's longest path on the V's schedule graph (ScheduleGraph:
+    a node per entry, so a forward overlapped with another stage's backward lasts both, and
+    the W passes count on their own: n_F.F + n_B.B + n_W.W) becomes a cut valid for every
+    layout, the memory rows it breaks come in (MemoryRows, over the V's ranks), and an answer
+    that is truly faster and fits (the exact model confirming) becomes the incumbent. No answer
+    at all (INFEASIBLE) certifies it. `paths`: known (n_F, n_B, n_W) paths of the V's graph,
+    cuts from the start. Until `deadline` (perf_counter seconds). Returns (the
+    best layout, the proven makespan lower bound in seconds, whether certified, rounds)."""
+    lin = LinearLayouts(ctx)
+    vm = vee_model(ctx, lin)
+    model, stages = vm.model, ctx.pp * ctx.vp
+    graph = schedule_graph(ctx)
+    rows = MemoryRows(model, ctx, lin, vm.counts)
+    # integer nanoseconds rounded down: a path of <= 3 m stages ops, each under by < 1 ns per term
+    slack = 3 * ctx.microbatches * stages * (len(lin.runs) + 1) / TIME_SCALE
+    cuts = set()
+
+    def cut(n_f, n_b, n_w) -> bool:
+        key = (tuple(n_f.astype(int)), tuple(n_b.astype(int)), tuple(n_w.astype(int)))
+        if key in cuts:
+            return False
+        cuts.add(key)
+        model.Add(vm.z >= sum(int(n_f[s]) * vm.forward[s] + int(n_b[s]) * vm.backward[s] + int(n_w[s]) * vm.weight[s]
+                              for s in range(stages) if n_f[s] or n_b[s] or n_w[s]))
+        return True
+
+    def measure(decoders: np.ndarray):
+        """(graph makespans, linear fits, [(n_F, n_B, n_W)] paths) of K layouts [K, stage]."""
+        counts = lin.run_counts(decoders)
+        seconds = lin.pass_times(counts)
+        end = graph.ends(*seconds)
+        return end[:-1].max(axis=0), lin.fits(counts), list(zip(*graph.paths(*seconds, end=end)))
+
+    def makespan_of(layout) -> float:
+        score = score_of(layout)
+        return score.pipeline_s - score.pp_exposed_s
+
+    def layout_of(decoders) -> StageLayout:
+        return StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(int(x) for x in decoders), mtp=best.mtp, vee=True)
+
+    for path in list(paths) + measure(np.array([best.decoders]))[2]:  # known paths (local_search's) and the incumbent's
+        cut(*path)
+    rows.add_broken(best.decoders + best.recompute)
+    model.Minimize(vm.z)
+    bound, proven, rounds = 0.0, False, 0
+    while not proven and time.perf_counter() < deadline:
+        best_makespan = makespan_of(best)
+        status, proved, found = round_below(model, vm.z, vm.t, best_makespan, slack, deadline - time.perf_counter(), workers)
+        rounds += 1
+        bound, proven = max(bound, proved), status == cp_model.INFEASIBLE
+        if proven or not found:
+            break  # certified, or the time ran out within the round
+        answers = np.array(found, dtype=np.int64)
+        values, fits, paths = measure(answers)
+        new = False
+        for path in paths:
+            new |= cut(*path)
+        for k in np.argsort(values, kind="stable"):
+            if not fits[k]:
+                new |= rows.add_broken(tuple(answers[k]) + (0,) * stages)
+                continue
+            if values[k] >= best_makespan:
+                break
+            layout = layout_of(answers[k])
+            if score_of(layout).fits and makespan_of(layout) < best_makespan:
+                best, new = layout, True
+                break
+            new |= rows.add_broken(tuple(answers[k]) + (0,) * stages)
+        if not new:  # nothing learnt (integer rounding): exclude them
+            for answer in found:
+                model.AddForbiddenAssignments(vm.t, [answer])
+    return best, bound, proven, rounds
+
+
+def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayout, scores: dict | None = None,
+                      workers: int = 2) -> LayoutSolution:
+    """DualPipeV's layouts (solve_layout does not search them: check_searchable). Where the
+    skeleton recomputes nothing: local_search from `start` over the V's schedule graph and
+    linear memory test (half the time at most; a start that does not fit is repaired first),
+    then vee_rounds (CP-SAT over the V's path cuts and memory rows, the descent's paths among
+    them) the rest: they certify the makespan optimum or improve on it. With full recompute
+    (vee_rounds price none), a steepest descent scored whole by the exact layout model
+    (score_layout), its recompute as Megatron would launch it (own_layout: block N per stage),
+    over moves of one layer from a stage of the busiest rank (the most work per micro-batch;
+    while the layout does not fit, the rank with the highest peak) to any other stage, the
+    step time its objective, until a local optimum or the time limit. The bound is the best of
+    the rounds', vee_rank_bound's (each rank's work after the forward chain to its first stage,
+    least over integer layer counts) and work_bound_s's (the ranks' mean work), all for every V
+    layout. On DeepSeek-V3's shipped answer (pp 4, 61 layers) the rounds certify the V split in
+    ~0.4 s, where the rank bound alone left 1.20%."""
     start_time = time.perf_counter()
     scores = {} if scores is None else scores
-    block = int(ctx.cfg.recompute_layers[0]) if int(ctx.cfg.recompute_method[0]) == 1 else None
 
     def score_of(layout: StageLayout):
         if layout not in scores:
             scores[layout] = score_layout(ctx, layout)
         return scores[layout]
 
+    # the bound first (a fifth of the time at most; on DeepSeek-V3's pp 4 it is optimal in ~10 ms)
+    mean, ranks = work_bound_s(ctx), vee_rank_bound(ctx, min(2.0, max(0.2 * time_limit_s, 0.05)), workers)
+    best, steps, rounds, found, proven = start, 0, 0, 0.0, False
+    if not ctx.recompute_allowed:
+        lin = LinearLayouts(ctx)
+        remaining = time_limit_s - (time.perf_counter() - start_time)
+        decoders, _, paths, _ = local_search(ctx, start.decoders, 0.5 * remaining, lin=lin)
+        descended = StageLayout(pp=start.pp, vp=start.vp, decoders=decoders, mtp=start.mtp, vee=True)
+        old, new = score_of(start), score_of(descended)
+        if new.fits and (not old.fits or new.pipeline_s - new.pp_exposed_s < old.pipeline_s - old.pp_exposed_s):
+            best = descended
+        steps = int(sum(abs(a - b) for a, b in zip(decoders, start.decoders)) // 2)
+        if score_of(best).fits:
+            best, found, proven, rounds = vee_rounds(ctx, best, score_of, start_time + time_limit_s, workers, paths)
+    else:
+        best, steps = _vee_exact_descent(ctx, start, score_of, start_time + time_limit_s)
+    best_score = score_of(best)
+    makespan = best_score.pipeline_s - best_score.pp_exposed_s
+    lower = min(max(mean, ranks, found), makespan)
+    source = "vee-cp-sat" if found >= max(mean, ranks) else "vee-rank" if ranks > mean else "vee-work"
+    return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, lower, proven or lower >= makespan * (1 - 1e-9),
+                          time.perf_counter() - start_time, best_score.fits, steps + rounds, source)
+
+
+def _vee_exact_descent(ctx: LayoutContext, start: StageLayout, score_of, deadline: float) -> tuple[StageLayout, int]:
+    """vee_layout_search's descent with full recompute (see there): (the layout, its steps)."""
+    block = int(ctx.cfg.recompute_layers[0]) if int(ctx.cfg.recompute_method[0]) == 1 else None
+
     def key(score):
         over = float(np.maximum(score.peak_bytes - ctx.problem.hardware.memory_bytes, 0.0).sum())
         return (0.0, score.step_time_s) if score.fits else (1.0, over)
 
-    # the bound first (a fifth of the time at most; on DeepSeek-V3's pp 4 it is optimal in ~10 ms): the descent takes the rest
-    mean, ranks = work_bound_s(ctx), vee_rank_bound(ctx, min(2.0, max(0.2 * time_limit_s, 0.05)))
-    best = start
+    best, steps = start, 0
     best_score = score_of(best)
-    steps = 0
-    while time.perf_counter() - start_time < time_limit_s:
+    while time.perf_counter() < deadline:
         # off the busiest rank; while the layout does not fit, off the rank most over its memory
         source = best_score.rank_work_s if best_score.fits else best_score.peak_bytes
         improved = None
@@ -892,14 +1169,12 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
             if best.decoders[a] == 0:
                 continue
             for b in range(best.stages):
-                if b == a or time.perf_counter() - start_time >= time_limit_s:
+                if b == a or time.perf_counter() >= deadline:
                     continue
                 decoders = list(best.decoders)
                 decoders[a] -= 1
                 decoders[b] += 1
-                moved = StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(decoders), mtp=best.mtp, vee=True)
-                if ctx.recompute_allowed:
-                    moved = with_launched_recompute(moved, block)
+                moved = with_launched_recompute(StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(decoders), mtp=best.mtp, vee=True), block)
                 score = score_of(moved)
                 if key(score) < key(best_score) and (improved is None or key(score) < key(improved[1])):
                     improved = (moved, score)
@@ -907,10 +1182,7 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
             break
         best, best_score = improved
         steps += 1
-    makespan = best_score.pipeline_s - best_score.pp_exposed_s
-    lower = min(max(mean, ranks), makespan)
-    return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, lower, lower >= makespan * (1 - 1e-9),
-                          time.perf_counter() - start_time, best_score.fits, steps, "vee-rank" if ranks > mean else "vee-work")
+    return best, steps
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
@@ -1229,66 +1501,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
             best, best_score = found, score
 
-    # Memory: per rank one row for the optimizer transient and one per in-flight vector h, in
-    # integer KiB. A rank of interleaved 1F1B has up to ~100 vectors, and all of them make a
-    # model whose presolve alone takes seconds; so each rank starts with its transient row and
-    # the vectors that bind for the seeds, and an answer that breaks a row brings that row in
-    # (fewer rows only relax the model: its bound stays valid).
-    frag = ctx.mc.fragmentation
-    budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
-    act = u["kind_activation"]
-    scaled_frag = int(round((1 + frag) * 1000))
-    memory_rows = {}  # (rank, vector index or -1 for the transient) -> (left side, float test on run counts)
-    for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
-        mine = list(range(r, stages, pp))
-        kind_count = {k: [] for k in range(len(ctx.kinds))}
-        for s in mine:
-            for j, k in enumerate(kind_of_run):
-                kind_count[k].append(run_counts[s][j])
-        base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
-        trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
-        memory_rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
-        working = 0
-        if recompute:
-            # the working set of the largest kind the rank recomputes: w >= working_k * y_k,
-            # y_k = 1 where the rank recomputes a layer of kind k (w only relaxes the rows upward
-            # from 0, so its least value is the max)
-            working = model.NewIntVar(0, int(round(u["kind_working"].max() / BYTE_SCALE)) + 1, f"w{r}")
-            for k in sorted(set(kind_of_run)):
-                if u["kind_working"][k] <= 0:
-                    continue
-                y = model.NewBoolVar(f"y{r}_{k}")
-                model.Add(sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k) <= n_layers * y)
-                model.Add(working >= int(round(u["kind_working"][k] / BYTE_SCALE)) * y)
-        for i, h in enumerate(ctx.held[r]):
-            act_expr = sum(int(h[c]) * sum(int(round(act[k] / BYTE_SCALE)) * run_counts[s][j] for j, k in enumerate(kind_of_run))
-                           for c, s in enumerate(mine) if h[c])
-            if recompute:  # what the recomputed layers do not keep
-                act_expr = act_expr - sum(int(h[c]) * sum(int(round(u["kind_dropped"][k] / BYTE_SCALE)) * rc_counts[s][j] for j, k in enumerate(kind_of_run))
-                                          for c, s in enumerate(mine) if h[c]) + working
-            const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
-            memory_rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
-    added_rows = set()
-
-    def add_rows(vector) -> bool:
-        """Add the memory rows this layout (decoder counts, then recompute counts) breaks, and
-        per rank the row nearest to binding; whether any row was new."""
-        counts, recomputed = lin.layout_counts(np.array(vector)[None])
-        new = False
-        for r, values in enumerate(lin.rank_rows(counts, recomputed)):
-            values = values[0]  # [1 + vectors] bytes: transient first
-            order = [int(np.argmax(values))] + [i for i in np.flatnonzero(values > ctx.problem.hardware.memory_bytes)]
-            for i in order:
-                key = (r, i - 1)
-                if key not in added_rows:
-                    added_rows.add(key)
-                    model.Add(memory_rows[key] <= budget * 1000)
-                    new = True
-        return new
-
-    for r in range(pp):
-        added_rows.add((r, -1))
-        model.Add(memory_rows[r, -1] <= budget * 1000)
+    rows = MemoryRows(model, ctx, lin, run_counts, rc_counts if recompute else None)
+    add_rows = rows.add_broken
     for layout in seeds:
         add_rows(layout.decoders + layout.recompute)
     def by_levels() -> LayoutSolution | None:
@@ -1411,7 +1625,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
     slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
-    z_domain = model.Proto().variables[z.Index()].domain
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     if best is not None and best.any_recompute:
         # the region's LP leaves recompute out, so it cannot reach an incumbent that pays for
@@ -1477,28 +1690,22 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
             # every answer CP-SAT found, not only its last, so one round brings many cuts.
             best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
-            z_domain[0], z_domain[1] = 0, max(int(math.floor((best_makespan - 2 * slack) * TIME_SCALE)), 0)
-            found = _Answers(vars_)
-            solver = cp_model.CpSolver()
             # a round cut short loses its presolve and LP with it: where less than two rounds'
             # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
             # for ~2.6 s of a 4 s round)
             capped = not stalled and remaining >= 2 * round_limit_s
-            solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
-            solver.parameters.num_workers = int(workers)
-            solver.parameters.random_seed = 0
-            status = solver.Solve(model, found)
+            status, proved, answers = round_below(model, z, vars_, best_makespan, slack, min(remaining, round_limit_s) if capped else remaining,
+                                                  workers, under_s=slack)
             rounds += 1
+            bound = max(bound, proved)
             if status == cp_model.INFEASIBLE:
-                bound, proven = max(bound, best_makespan - 2 * slack), True
+                proven = True
                 break
-            # proven on the restricted model: no layout is priced below it, or the incumbent is within 2 slack
-            bound = max(bound, min(solver.BestObjectiveBound() / TIME_SCALE - slack, best_makespan - 2 * slack))
-            if not found.answers:
+            if not answers:
                 stalled = True
                 continue
-            if not _take_answers(found.answers):
-                for answer in found.answers:  # nothing new learnt (integer rounding): exclude them
+            if not _take_answers(answers):
+                for answer in answers:  # nothing new learnt (integer rounding): exclude them
                     model.AddForbiddenAssignments(vars_, [answer])
             continue
         solver = cp_model.CpSolver()
@@ -2393,7 +2600,7 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0, uniform_recompute
             prev = bar
         if min(sizes) < min_layers:
             continue
-        layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(sizes), mtp=tuple(mtp))
+        layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(sizes), mtp=tuple(mtp), vee=ctx.vee)
         if not ctx.recompute_allowed:
             choices = [layout.recompute]
         elif uniform_recompute:
@@ -2483,11 +2690,13 @@ _BOUND_NOTES = {
                   "--recompute-num-layers N among them"),
     "levels": ("every --recompute-num-layers N >= 1 ruled out by the ranks' busy time (level_work_bounds: with one N every "
                "chunk that holds a layer recomputes one), the layouts without recompute bounded by the search without recompute"),
-    "vee-rank": ("DualPipeV, searched by a descent scored by the exact model (no CP-SAT model of the V yet): each rank's "
-                 "work after the forward chain to its first stage, least over the integer layer counts (vee_rank_bound), for "
-                 "every layout of the skeleton"),
-    "vee-work": ("DualPipeV, searched by a descent scored by the exact model (no CP-SAT model of the V yet): the ranks' mean "
-                 "work (work_bound_s), for every layout of the skeleton"),
+    "vee-cp-sat": ("DualPipeV: proven by CP-SAT over the critical-path cuts of the V's schedule graph (forward, input- and "
+                   "weight-gradient passes) and its memory rows (vee_rounds), for every V layout of the skeleton"),
+    "vee-rank": ("DualPipeV, searched by a descent scored by the exact model (CP-SAT's rounds proved no more in time, or the "
+                 "skeleton recomputes: vee_rounds price no recompute): each rank's work after the forward chain to its first "
+                 "stage, least over the integer layer counts (vee_rank_bound), for every layout of the skeleton"),
+    "vee-work": ("DualPipeV, searched by a descent scored by the exact model (CP-SAT's rounds proved no more in time, or the "
+                 "skeleton recomputes): the ranks' mean work (work_bound_s), for every layout of the skeleton"),
     "level-work": ("no CP-SAT round proved more in time: the ranks' busy time under one --recompute-num-layers N, least over "
                    "the N (level_work_bounds), for every layout with one N"),
 }
@@ -2550,7 +2759,7 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     answers, sharing their scores and cuts) gives the answer reported and launched, with the better of the two
     bounds; where the first answer's counts are not of that form, the report says so
     (`recompute_expressible`: false) and keeps it as `best_any_recompute`. DualPipeV skeletons
-    get vee_layout_search instead (no certificate: the gap is to vee_rank_bound)."""
+    get vee_layout_search instead (a descent, then CP-SAT rounds over the V: vee_rounds)."""
     from costmodel.stage_layout import space_size
 
     try:
@@ -2559,8 +2768,8 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         own_score = score_layout(ctx, own)
         start = time.perf_counter()
         scores, paths, tables = {}, set(), {}  # shared by the searches of this skeleton
-        if ctx.vee:  # no CP-SAT model of the V yet: a descent scored by the exact model, bounded by the ranks' work
-            regular_solution, solution = None, vee_layout_search(ctx, time_limit_s, own, scores)
+        if ctx.vee:  # the V's own search: a descent scored by the exact model, then CP-SAT rounds over the V's graph
+            regular_solution, solution = None, vee_layout_search(ctx, time_limit_s, own, scores, workers)
         else:
             regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,),
                                                    scores=scores, paths=paths, tables=tables)

@@ -166,6 +166,82 @@ def test_schedule_graph_is_the_simulation(schedule, pp, vp, m):
         assert n_f @ flat(g) + n_b @ flat(c) <= graph.makespan(flat(g), flat(c)) * (1 + 1e-12) + 1e-15
 
 
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 13)])
+def test_schedule_graph_of_dualpipev_is_its_simulation(pp, m):
+    """DualPipeV's graph (nodes are its entries: a forward overlapped with another stage's full
+    backward, a full backward (B, W), deferred W passes) times the V as schedule_sim.simulate
+    does at hop 0, one layout or a batch, and its longest path, counted in F, B and W passes
+    per stage, equals the makespan and bounds every other time vector's from below."""
+    import numpy as np
+
+    from costmodel.schedule_sim import schedule_ops, simulate
+    from costmodel.stage_layout import rank_stages
+    from optimizer.layout_search import ScheduleGraph
+
+    ops = schedule_ops("dualpipev", pp, 2, m)
+    graph = ScheduleGraph(ops, 2 * pp)
+    assert graph.has_weight
+    mine = rank_stages(pp, 2, True)
+    rng = np.random.default_rng(5)
+    times = []
+    for _ in range(10):
+        f, b, w = (rng.uniform(0.0, 1.0, 2 * pp) * (rng.uniform(size=2 * pp) > 0.2) for _ in range(3))
+        times.append((f, b, w))
+        per_chunk = lambda x: np.array([x[st] for st in mine])
+        reference = simulate(ops, per_chunk(f), per_chunk(b), 0.0, weight_s=per_chunk(w)).makespan_s
+        assert graph.makespan(f, b, w) == pytest.approx(reference, rel=1e-12, abs=1e-15)
+    batch = graph.makespan(*(np.stack(x, axis=1) for x in zip(*times)))
+    assert batch == pytest.approx([graph.makespan(*t) for t in times], rel=1e-12)
+    f2, b2, w2 = (np.stack(x, axis=1) for x in zip(*times[:2]))
+    many = graph.paths(f2, b2, w2)
+    for (f, b, w), (g, c, v), k in zip(times, times[1:], range(len(times))):
+        n_f, n_b, n_w = graph.path(f, b, w)
+        assert n_f @ f + n_b @ b + n_w @ w == pytest.approx(graph.makespan(f, b, w), rel=1e-12, abs=1e-15)
+        assert n_f @ g + n_b @ c + n_w @ v <= graph.makespan(g, c, v) * (1 + 1e-12) + 1e-15
+        if k < 2:
+            assert many[0][k] @ f + many[1][k] @ b + many[2][k] @ w == pytest.approx(graph.makespan(f, b, w), rel=1e-12)
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 45000, 38000, 36000])  # 36000 fits nothing
+def test_dualpipev_search_matches_enumeration(tmp_path, memory_mib):
+    """DualPipeV on pp 2 (stages 0 and 3 on rank 0, 1 and 2 on rank 1; 16 micro-batches):
+    LinearLayouts prices every V layout as the exact model does (forward, backward and its
+    weight-gradient part, what fits), and vee_layout_search, from the slowest layout that fits,
+    certifies the least simulated makespan among the 120 layouts that fit, enumerated
+    (tolerance 1e-6 relative: CP-SAT works in integer nanoseconds and KiB)."""
+    import numpy as np
+
+    from costmodel.stage_layout import stage_weights
+    from optimizer.layout_search import LinearLayouts, vee_layout_search
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1, pp_schedule=4)
+    ctx = layout_context(problem, cfg)
+    assert ctx.vee
+    lin = LinearLayouts(ctx)
+    layouts = list(enumerate_layouts(ctx))
+    assert len(layouts) == 120 and all(layout.vee for layout, _ in layouts)
+    counts = lin.run_counts(np.array([layout.decoders for layout, _ in layouts]))
+    forward, backward = lin.times(counts)
+    weight, fits = lin.weights(counts), lin.fits(counts)
+    for k, (layout, score) in enumerate(layouts):
+        assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
+        assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
+        assert weight[:, k] == pytest.approx(stage_weights(ctx, layout), rel=1e-12)
+        assert fits[k] == score.fits
+    fitting = [(score.pipeline_s - score.pp_exposed_s, layout) for layout, score in layouts if score.fits]
+    if not fitting:
+        return
+    best = min(value for value, _ in fitting)
+    slowest = max(fitting, key=lambda x: x[0])[1]
+    solution = vee_layout_search(ctx, 10.0, slowest)
+    assert solution.optimal and solution.fits and solution.bound_source == "vee-cp-sat"
+    assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+    assert solution.lower_bound_s <= best * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("pp,vp", [(4, 1), (2, 2)])
 def test_linear_layouts_match_the_exact_model(tmp_path, pp, vp):
     """LinearLayouts (what the local search and the lazily added memory rows read) gives every
