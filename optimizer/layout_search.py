@@ -761,12 +761,13 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                  lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
                  max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32,
                  start_recompute: tuple[int, ...] | None = None,
-                 uniform_recompute: bool = False) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, np.ndarray]], tuple[int, ...]]:
+                 uniform_recompute: bool = False, fixed_level: int | None = None) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, ...]], tuple[int, ...]]:
     """Descent over single-layer moves from `start`: moves of one layer from any stage to any
     other (the `max_moves` that most shorten the current longest path, and as many recompute
     moves), and, where the skeleton allows full recompute, one more or one fewer recomputed layer in a
     stage or one recomputed layer moved to another stage (with `uniform_recompute`, one more or
-    fewer N for every stage: r_s = min(N, layers_s), Megatron's one --recompute-num-layers),
+    fewer N for every stage: r_s = min(N, layers_s), Megatron's one --recompute-num-layers;
+    `fixed_level`: that N, kept, so that only layers move),
     screened by the linear memory test, scored in batches on the schedule graph; the best
     improving move of the first batch that has one is taken (improving: a shorter makespan, or
     the same and a smaller sum of op ends). A layer move keeps the stages' recompute counts, clipped to their layers. A start
@@ -783,8 +784,8 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     rng = np.random.default_rng(0)
     decoders = np.array(start, dtype=np.int64)
     recompute = np.zeros(stages, dtype=np.int64) if start_recompute is None else np.minimum(np.array(start_recompute, dtype=np.int64), decoders)
-    uniform = lin.recompute and uniform_recompute
-    level = int(recompute.max(initial=0))  # uniform: N
+    uniform = lin.recompute and (uniform_recompute or fixed_level is not None)
+    level = int(recompute.max(initial=0)) if fixed_level is None else int(fixed_level)  # uniform: N
     if uniform:
         recompute = np.minimum(level, decoders)
     current = np.concatenate([decoders, recompute])
@@ -838,6 +839,8 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             slow = n_b * lin.recompute_s[main_run]
             if uniform:
                 up, down = np.array([level < dec.max()]), np.array([level > 0])
+                if fixed_level is not None:
+                    up[:], down[:] = False, False
                 up_gain, down_gain = -slow[dec > level].sum(), slow[dec >= level].sum() * (level > 0)
                 up_saved = np.minimum(drop_bytes, room)[dec > level].sum()
                 down_saved = -np.maximum(drop_bytes - free, 0.0)[(dec >= level) & (level > 0)].sum()
@@ -968,17 +971,19 @@ class VeeModel:
     model: cp_model.CpModel
     t: list
     counts: list
+    recomputed: list | None  # recomputed layers of each kind-run per stage (a block N launched), or None
     forward: list
     backward: list
     weight: list
     z: object
 
 
-def vee_model(ctx: LayoutContext, lin: "LinearLayouts") -> VeeModel:
+def vee_model(ctx: LayoutContext, lin: "LinearLayouts", block: int | None = None) -> VeeModel:
     """The V's base model (VeeModel): t, counts, per-stage times and the rank rows
     makespan >= sum_{s < r} F_s + m * R_r (rank r's first op waits for micro-batch 0's forward
     through stages 0..r-1, then the rank runs its m micro-batches' work on its two stages one
-    op after another)."""
+    op after another). `block`: the recompute launched on every stage, the first min(N, t_s)
+    layers (with_launched_recompute), priced in the input-gradient pass that re-runs them."""
     runs = kind_runs(ctx.kind_of_layer)
     stages, n, m = ctx.pp * ctx.vp, len(ctx.kind_of_layer), ctx.microbatches
     model = cp_model.CpModel()
@@ -987,24 +992,32 @@ def vee_model(ctx: LayoutContext, lin: "LinearLayouts") -> VeeModel:
     for s in range(stages):
         model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
     model.Add(prefix[-1] == n)
-    counts, _ = run_count_vars(model, t, prefix, runs, n)
+    counts, clipped = run_count_vars(model, t, prefix, runs, n)
+    recomputed = None
+    if block is not None:
+        rc = [model.NewIntVar(0, n, f"r{s}") for s in range(stages)]
+        for s in range(stages):
+            model.AddMinEquality(rc[s], [t[s], int(block)])
+        recomputed = recompute_run_vars(model, rc, prefix, clipped, counts, runs, n)
 
     def ns(x) -> int:
         return int(math.floor(float(x) * TIME_SCALE))
 
-    def linear(per_run, const):
-        return [sum(ns(per_run[j]) * counts[s][j] for j in range(len(runs))) + ns(const[s]) for s in range(stages)]
+    def linear(per_run, const, of=counts):
+        return [sum(ns(per_run[j]) * of[s][j] for j in range(len(runs))) + ns(const[s]) for s in range(stages)]
 
     forward = linear(lin.forward_s, lin.const_forward_s)
     backward = linear(lin.backward_s - lin.weight_s, lin.const_backward_s - lin.const_weight_s)  # the input-gradient pass
+    if recomputed is not None:
+        backward = [x + y for x, y in zip(backward, linear(lin.recompute_s, np.zeros(stages), recomputed))]
     weight = linear(lin.weight_s, lin.const_weight_s)
-    per_layer = max(ns(x) for x in lin.forward_s + lin.backward_s) + 3
+    per_layer = max(ns(x) for x in lin.forward_s + lin.backward_s + lin.recompute_s) + 4
     # above any rank's work after any chain: (m + 1) x every layer and constant of the model
     horizon = (m + 1) * (n * per_layer + ns((lin.const_forward_s + lin.const_backward_s).sum()) + 3 * stages) + 1
     z = model.NewIntVar(0, horizon, "makespan")
     for mine in ctx.stages_of:
         model.Add(z >= sum(forward[s] for s in range(int(mine[0]))) + m * sum(forward[s] + backward[s] + weight[s] for s in map(int, mine)))
-    return VeeModel(model, t, counts, forward, backward, weight, z)
+    return VeeModel(model, t, counts, recomputed, forward, backward, weight, z)
 
 
 def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int = 2) -> float:
@@ -1026,24 +1039,31 @@ def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int =
 
 
 def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float, workers: int = 2,
-               paths=()) -> tuple[StageLayout, float, bool, int]:
-    """CP-SAT rounds over DualPipeV's layouts (no full recompute: check in vee_layout_search),
-    as solve_layout's free rounds: the model (vee_model) asks only for layouts it prices below
+               paths=(), level: int | None = None) -> tuple[StageLayout, float, bool, int]:
+    """CP-SAT rounds over DualPipeV's layouts, as solve_layout's free rounds: the model (vee_model) asks only for layouts it prices below
     the incumbent `best`; each answer's longest path on the V's schedule graph (ScheduleGraph:
     a node per entry, so a forward overlapped with another stage's backward lasts both, and
     the W passes count on their own: n_F.F + n_B.B + n_W.W) becomes a cut valid for every
     layout, the memory rows it breaks come in (MemoryRows, over the V's ranks), and an answer
     that is truly faster and fits (the exact model confirming) becomes the incumbent. No answer
     at all (INFEASIBLE) certifies it. `paths`: known (n_F, n_B, n_W) paths of the V's graph,
-    cuts from the start. Until `deadline` (perf_counter seconds). Returns (the
+    cuts from the start. `level`: under full recompute, the N every layout recomputes the
+    first min(N, layers) of each stage with (Megatron's block method as launched; all layers:
+    N = the model's), priced in the times and the memory rows. Until `deadline`
+    (perf_counter seconds). Returns (the
     best layout, the proven makespan lower bound in seconds, whether certified, rounds)."""
     lin = LinearLayouts(ctx)
-    vm = vee_model(ctx, lin)
+    vm = vee_model(ctx, lin, level)
     model, stages = vm.model, ctx.pp * ctx.vp
     graph = schedule_graph(ctx)
-    rows = MemoryRows(model, ctx, lin, vm.counts)
+    rows = MemoryRows(model, ctx, lin, vm.counts, vm.recomputed)
     # integer nanoseconds rounded down: a path of <= 3 m stages ops, each under by < 1 ns per term
-    slack = 3 * ctx.microbatches * stages * (len(lin.runs) + 1) / TIME_SCALE
+    slack = 3 * ctx.microbatches * stages * (2 * len(lin.runs) + 1) / TIME_SCALE
+
+    def vectors(decoders: np.ndarray) -> np.ndarray:
+        """[K, 2 stage] decoder counts and the recompute launched on them."""
+        decoders = np.asarray(decoders, dtype=np.int64).reshape(-1, stages)
+        return np.concatenate([decoders, np.minimum(decoders, level) if level is not None else np.zeros_like(decoders)], axis=1)
     cuts = set()
 
     def cut(n_f, n_b, n_w) -> bool:
@@ -1057,21 +1077,23 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
 
     def measure(decoders: np.ndarray):
         """(graph makespans, linear fits, [(n_F, n_B, n_W)] paths) of K layouts [K, stage]."""
-        counts = lin.run_counts(decoders)
-        seconds = lin.pass_times(counts)
+        counts, recomputed = lin.layout_counts(vectors(decoders))
+        recomputed = recomputed if level is not None else None
+        seconds = lin.pass_times(counts, recomputed)
         end = graph.ends(*seconds)
-        return end[:-1].max(axis=0), lin.fits(counts), list(zip(*graph.paths(*seconds, end=end)))
+        return end[:-1].max(axis=0), lin.fits(counts, recomputed), list(zip(*graph.paths(*seconds, end=end)))
 
     def makespan_of(layout) -> float:
         score = score_of(layout)
         return score.pipeline_s - score.pp_exposed_s
 
     def layout_of(decoders) -> StageLayout:
-        return StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(int(x) for x in decoders), mtp=best.mtp, vee=True)
+        layout = StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(int(x) for x in decoders), mtp=best.mtp, vee=True)
+        return with_launched_recompute(layout, level) if level is not None else layout
 
     for path in list(paths) + measure(np.array([best.decoders]))[2]:  # known paths (local_search's) and the incumbent's
         cut(*path)
-    rows.add_broken(best.decoders + best.recompute)
+    rows.add_broken(tuple(vectors(best.decoders)[0]))
     model.Minimize(vm.z)
     bound, proven, rounds = 0.0, False, 0
     while not proven and time.perf_counter() < deadline:
@@ -1088,7 +1110,7 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
             new |= cut(*path)
         for k in np.argsort(values, kind="stable"):
             if not fits[k]:
-                new |= rows.add_broken(tuple(answers[k]) + (0,) * stages)
+                new |= rows.add_broken(tuple(vectors(answers[k])[0]))
                 continue
             if values[k] >= best_makespan:
                 break
@@ -1096,7 +1118,7 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
             if score_of(layout).fits and makespan_of(layout) < best_makespan:
                 best, new = layout, True
                 break
-            new |= rows.add_broken(tuple(answers[k]) + (0,) * stages)
+            new |= rows.add_broken(tuple(vectors(answers[k])[0]))
         if not new:  # nothing learnt (integer rounding): exclude them
             for answer in found:
                 model.AddForbiddenAssignments(vm.t, [answer])
@@ -1105,20 +1127,16 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
 
 def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayout, scores: dict | None = None,
                       workers: int = 2) -> LayoutSolution:
-    """DualPipeV's layouts (solve_layout does not search them: check_searchable). Where the
-    skeleton recomputes nothing: local_search from `start` over the V's schedule graph and
-    linear memory test (half the time at most; a start that does not fit is repaired first),
-    then vee_rounds (CP-SAT over the V's path cuts and memory rows, the descent's paths among
-    them) the rest: they certify the makespan optimum or improve on it. With full recompute
-    (vee_rounds price none), a steepest descent scored whole by the exact layout model
-    (score_layout), its recompute as Megatron would launch it (own_layout: block N per stage),
-    over moves of one layer from a stage of the busiest rank (the most work per micro-batch;
-    while the layout does not fit, the rank with the highest peak) to any other stage, the
-    step time its objective, until a local optimum or the time limit. The bound is the best of
-    the rounds', vee_rank_bound's (each rank's work after the forward chain to its first stage,
-    least over integer layer counts) and work_bound_s's (the ranks' mean work), all for every V
-    layout. On DeepSeek-V3's shipped answer (pp 4, 61 layers) the rounds certify the V split in
-    ~0.4 s, where the rank bound alone left 1.20%."""
+    """DualPipeV's layouts (solve_layout does not search them: check_searchable): local_search
+    from `start` over the V's schedule graph and linear memory test (half the time at most; a
+    start that does not fit is repaired first), then vee_rounds (CP-SAT over the V's path cuts
+    and memory rows, the local search's paths among them) the rest: they certify the makespan
+    optimum or improve on it. Under full recompute every layout recomputes what Megatron
+    launches (own_layout: block N per stage, N fixed) and only layers move. The bound is the
+    best of the rounds', vee_rank_bound's (each rank's work after the forward chain to its
+    first stage, least over integer layer counts) and work_bound_s's (the ranks' mean work),
+    all for every V layout. On DeepSeek-V3's shipped answer (pp 4, 61 layers) the rounds
+    certify the V split in ~0.2 s, where the rank bound alone left 1.20%."""
     start_time = time.perf_counter()
     scores = {} if scores is None else scores
 
@@ -1127,62 +1145,32 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
             scores[layout] = score_layout(ctx, layout)
         return scores[layout]
 
+    def makespan_of(layout: StageLayout) -> float:
+        score = score_of(layout)
+        return score.pipeline_s - score.pp_exposed_s
+
+    level = None
+    if ctx.recompute_allowed:  # the block method's N, or every layer
+        level = int(ctx.cfg.recompute_layers[0]) if int(ctx.cfg.recompute_method[0]) == 1 else len(ctx.kind_of_layer)
+        start = with_launched_recompute(start, level)
     # the bound first (a fifth of the time at most; on DeepSeek-V3's pp 4 it is optimal in ~10 ms)
     mean, ranks = work_bound_s(ctx), vee_rank_bound(ctx, min(2.0, max(0.2 * time_limit_s, 0.05)), workers)
-    best, steps, rounds, found, proven = start, 0, 0, 0.0, False
-    if not ctx.recompute_allowed:
-        lin = LinearLayouts(ctx)
-        remaining = time_limit_s - (time.perf_counter() - start_time)
-        decoders, _, paths, _ = local_search(ctx, start.decoders, 0.5 * remaining, lin=lin)
-        descended = StageLayout(pp=start.pp, vp=start.vp, decoders=decoders, mtp=start.mtp, vee=True)
-        old, new = score_of(start), score_of(descended)
-        if new.fits and (not old.fits or new.pipeline_s - new.pp_exposed_s < old.pipeline_s - old.pp_exposed_s):
-            best = descended
-        steps = int(sum(abs(a - b) for a, b in zip(decoders, start.decoders)) // 2)
-        if score_of(best).fits:
-            best, found, proven, rounds = vee_rounds(ctx, best, score_of, start_time + time_limit_s, workers, paths)
-    else:
-        best, steps = _vee_exact_descent(ctx, start, score_of, start_time + time_limit_s)
+    remaining = time_limit_s - (time.perf_counter() - start_time)
+    decoders, _, paths, recompute = local_search(ctx, start.decoders, 0.5 * remaining, start_recompute=start.recompute, fixed_level=level)
+    descended = StageLayout(pp=start.pp, vp=start.vp, decoders=decoders, mtp=start.mtp, recompute=recompute, vee=True)
+    best = start
+    if score_of(descended).fits and (not score_of(start).fits or makespan_of(descended) < makespan_of(start)):
+        best = descended
+    moves = int(sum(abs(a - b) for a, b in zip(best.decoders, start.decoders)) // 2)
+    rounds, found, proven = 0, 0.0, False
+    if score_of(best).fits:
+        best, found, proven, rounds = vee_rounds(ctx, best, score_of, start_time + time_limit_s, workers, paths, level)
     best_score = score_of(best)
     makespan = best_score.pipeline_s - best_score.pp_exposed_s
     lower = min(max(mean, ranks, found), makespan)
     source = "vee-cp-sat" if found >= max(mean, ranks) else "vee-rank" if ranks > mean else "vee-work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, lower, proven or lower >= makespan * (1 - 1e-9),
-                          time.perf_counter() - start_time, best_score.fits, steps + rounds, source)
-
-
-def _vee_exact_descent(ctx: LayoutContext, start: StageLayout, score_of, deadline: float) -> tuple[StageLayout, int]:
-    """vee_layout_search's descent with full recompute (see there): (the layout, its steps)."""
-    block = int(ctx.cfg.recompute_layers[0]) if int(ctx.cfg.recompute_method[0]) == 1 else None
-
-    def key(score):
-        over = float(np.maximum(score.peak_bytes - ctx.problem.hardware.memory_bytes, 0.0).sum())
-        return (0.0, score.step_time_s) if score.fits else (1.0, over)
-
-    best, steps = start, 0
-    best_score = score_of(best)
-    while time.perf_counter() < deadline:
-        # off the busiest rank; while the layout does not fit, off the rank most over its memory
-        source = best_score.rank_work_s if best_score.fits else best_score.peak_bytes
-        improved = None
-        for a in ctx.stages_of[int(np.argmax(source))]:
-            if best.decoders[a] == 0:
-                continue
-            for b in range(best.stages):
-                if b == a or time.perf_counter() >= deadline:
-                    continue
-                decoders = list(best.decoders)
-                decoders[a] -= 1
-                decoders[b] += 1
-                moved = with_launched_recompute(StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(decoders), mtp=best.mtp, vee=True), block)
-                score = score_of(moved)
-                if key(score) < key(best_score) and (improved is None or key(score) < key(improved[1])):
-                    improved = (moved, score)
-        if improved is None:
-            break
-        best, best_score = improved
-        steps += 1
-    return best, steps
+                          time.perf_counter() - start_time, best_score.fits, moves + rounds, source)
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
@@ -1304,30 +1292,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     # layers of each kind-run per stage
     run_counts, clipped = run_count_vars(model, t, prefix, runs, n_layers)
     kind_of_run = [kind for kind, _, _ in runs]
-    # recomputed layers of each kind-run per stage: the first r_s of the stage, i.e. the layers
-    # [P_{s-1}, P_{s-1} + r_s) clipped to each run
-    if not recompute:
-        rc_counts = [[0] * len(runs) for _ in range(stages)]
-    elif len(runs) == 1:
-        rc_counts = [[rc[s]] for s in range(stages)]
-    else:
-        rc_counts = []
-        for s in range(stages):
-            row = []
-            for j, (_, a, b) in enumerate(runs):
-                if j == len(runs) - 1:  # the last run: what the others leave of r_s (half the clips)
-                    row.append(rc[s] - sum(row))
-                    continue
-                q = clipped_prefix(model, (prefix[s - 1] if s else 0) + rc[s], a, b, n_layers, f"r{j}_{s}")
-                row.append(q - (clipped[j][s - 1] if s else a))
-            rc_counts.append(row)
-            # implied, but the LP relaxation of the clips above lets a run's recomputed count go
-            # negative, which prices recompute below nothing and takes the bound down by a third
-            # (DeepSeek-V3 pp 16 x vp 2: 42 s instead of 60.7 s); stated, the bound holds
-            for j in range(len(runs)):
-                model.Add(row[j] >= 0)
-                model.Add(row[j] <= run_counts[s][j])
-            model.Add(sum(row) == rc[s])
+    # recomputed layers of each kind-run per stage (the first r_s of the stage)
+    rc_counts = recompute_run_vars(model, rc, prefix, clipped, run_counts, runs, n_layers) if recompute else [[0] * len(runs) for _ in range(stages)]
 
     # forward and backward ns of each stage (chunk_times' composition, integer coefficients)
     mtp = np.zeros(stages)
@@ -1782,6 +1748,33 @@ def clipped_prefix(model: cp_model.CpModel, value, a: int, b: int, upper: int, t
     q = model.NewIntVar(a, b, f"q{tag}")
     model.AddMinEquality(q, [high, b])
     return q
+
+
+def recompute_run_vars(model: cp_model.CpModel, rc, prefix, clipped, run_counts, runs, upper: int) -> list[list]:
+    """[stage][run] recomputed layers of each kind-run per stage: the first rc[s] layers of the
+    stage, i.e. the layers [P_{s-1}, P_{s-1} + r_s) clipped to each run (run_count_vars' prefix
+    sums `prefix`, clipped prefixes `clipped` and counts `run_counts`)."""
+    stages = len(rc)
+    if len(runs) == 1:
+        return [[rc[s]] for s in range(stages)]
+    rc_counts = []
+    for s in range(stages):
+        row = []
+        for j, (_, a, b) in enumerate(runs):
+            if j == len(runs) - 1:  # the last run: what the others leave of r_s (half the clips)
+                row.append(rc[s] - sum(row))
+                continue
+            q = clipped_prefix(model, (prefix[s - 1] if s else 0) + rc[s], a, b, upper, f"r{j}_{s}")
+            row.append(q - (clipped[j][s - 1] if s else a))
+        rc_counts.append(row)
+        # implied, but the LP relaxation of the clips above lets a run's recomputed count go
+        # negative, which prices recompute below nothing and takes the bound down by a third
+        # (DeepSeek-V3 pp 16 x vp 2: 42 s instead of 60.7 s); stated, the bound holds
+        for j in range(len(runs)):
+            model.Add(row[j] >= 0)
+            model.Add(row[j] <= run_counts[s][j])
+        model.Add(sum(row) == rc[s])
+    return rc_counts
 
 
 def run_count_vars(model: cp_model.CpModel, t, prefix, runs, upper: int, tag: str = "") -> tuple[list, list]:
@@ -2692,11 +2685,11 @@ _BOUND_NOTES = {
                "chunk that holds a layer recomputes one), the layouts without recompute bounded by the search without recompute"),
     "vee-cp-sat": ("DualPipeV: proven by CP-SAT over the critical-path cuts of the V's schedule graph (forward, input- and "
                    "weight-gradient passes) and its memory rows (vee_rounds), for every V layout of the skeleton"),
-    "vee-rank": ("DualPipeV, searched by a descent scored by the exact model (CP-SAT's rounds proved no more in time, or the "
-                 "skeleton recomputes: vee_rounds price no recompute): each rank's work after the forward chain to its first "
-                 "stage, least over the integer layer counts (vee_rank_bound), for every layout of the skeleton"),
-    "vee-work": ("DualPipeV, searched by a descent scored by the exact model (CP-SAT's rounds proved no more in time, or the "
-                 "skeleton recomputes): the ranks' mean work (work_bound_s), for every layout of the skeleton"),
+    "vee-rank": ("DualPipeV, CP-SAT's rounds over the V (vee_rounds) proved no more in time, or no layout fits: each rank's "
+                 "work after the forward chain to its first stage, least over the integer layer counts (vee_rank_bound), for "
+                 "every layout of the skeleton"),
+    "vee-work": ("DualPipeV, CP-SAT's rounds over the V (vee_rounds) proved no more in time, or no layout fits: the ranks' "
+                 "mean work (work_bound_s), for every layout of the skeleton"),
     "level-work": ("no CP-SAT round proved more in time: the ranks' busy time under one --recompute-num-layers N, least over "
                    "the N (level_work_bounds), for every layout with one N"),
 }

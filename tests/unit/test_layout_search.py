@@ -202,13 +202,15 @@ def test_schedule_graph_of_dualpipev_is_its_simulation(pp, m):
             assert many[0][k] @ f + many[1][k] @ b + many[2][k] @ w == pytest.approx(graph.makespan(f, b, w), rel=1e-12)
 
 
-@pytest.mark.parametrize("memory_mib", [81559, 45000, 38000, 36000])  # 36000 fits nothing
-def test_dualpipev_search_matches_enumeration(tmp_path, memory_mib):
-    """DualPipeV on pp 2 (stages 0 and 3 on rank 0, 1 and 2 on rank 1; 16 micro-batches):
-    LinearLayouts prices every V layout as the exact model does (forward, backward and its
-    weight-gradient part, what fits), and vee_layout_search, from the slowest layout that fits,
-    certifies the least simulated makespan among the 120 layouts that fit, enumerated
-    (tolerance 1e-6 relative: CP-SAT works in integer nanoseconds and KiB)."""
+@pytest.mark.parametrize("memory_mib,recompute", [(81559, None), (40000, None), (38000, None), (36000, None),  # 36000 fits nothing
+                                                  (81559, 2), (38000, 2), (40000, "all")])
+def test_dualpipev_search_matches_enumeration(tmp_path, memory_mib, recompute):
+    """DualPipeV on pp 2 (stages 0 and 3 on rank 0, 1 and 2 on rank 1; 16 micro-batches), with
+    no recompute or the full recompute Megatron launches on every stage (block N = 2: the first
+    min(2, layers); or every layer): LinearLayouts prices every V layout as the exact model
+    does (forward, backward and its weight-gradient part, what fits), and vee_layout_search,
+    from the slowest layout that fits, certifies the least simulated makespan among the 120
+    layouts, enumerated (tolerance 1e-6 relative: CP-SAT works in integer nanoseconds and KiB)."""
     import numpy as np
 
     from costmodel.stage_layout import stage_weights
@@ -217,15 +219,19 @@ def test_dualpipev_search_matches_enumeration(tmp_path, memory_mib):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
     problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1, pp_schedule=4)
+    full = {} if recompute is None else dict(recompute=2, recompute_method=1 if recompute != "all" else 0, recompute_layers=recompute if recompute != "all" else 0)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1, pp_schedule=4, **full)
     ctx = layout_context(problem, cfg)
-    assert ctx.vee
+    assert ctx.vee and ctx.recompute_allowed == (recompute is not None)
+    level = {None: 0, 2: 2, "all": 7}[recompute]
     lin = LinearLayouts(ctx)
-    layouts = list(enumerate_layouts(ctx))
+    layouts = [(layout, score) for layout, score in enumerate_layouts(ctx, uniform_recompute=True)
+               if layout.recompute == tuple(min(level, d) for d in layout.decoders)]
     assert len(layouts) == 120 and all(layout.vee for layout, _ in layouts)
-    counts = lin.run_counts(np.array([layout.decoders for layout, _ in layouts]))
-    forward, backward = lin.times(counts)
-    weight, fits = lin.weights(counts), lin.fits(counts)
+    counts, recomputed = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout, _ in layouts]))
+    recomputed = recomputed if recompute is not None else None
+    forward, backward = lin.times(counts, recomputed)
+    weight, fits = lin.weights(counts), lin.fits(counts, recomputed)
     for k, (layout, score) in enumerate(layouts):
         assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
         assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
@@ -238,6 +244,7 @@ def test_dualpipev_search_matches_enumeration(tmp_path, memory_mib):
     slowest = max(fitting, key=lambda x: x[0])[1]
     solution = vee_layout_search(ctx, 10.0, slowest)
     assert solution.optimal and solution.fits and solution.bound_source == "vee-cp-sat"
+    assert solution.layout.recompute == tuple(min(level, d) for d in solution.layout.decoders)
     assert solution.makespan_s == pytest.approx(best, rel=1e-6)
     assert solution.lower_bound_s <= best * (1 + 1e-9)
 
