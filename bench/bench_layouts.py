@@ -127,13 +127,8 @@ def graph_rate(ctx, batch: int = 4096, seed: int = 0) -> float:
     t0 = time.perf_counter()
     counts, recomputed = lin.layout_counts(np.concatenate([decoders, recompute], axis=1))
     recomputed = recomputed if ctx.recompute_allowed else None
-    f, b = lin.times(counts, recomputed)
     lin.fits(counts, recomputed)
-    if ctx.vee:  # the V's graph takes the weight-gradient passes apart
-        w = lin.weights(counts)
-        graph.makespan(f, b - w, w)
-    else:
-        graph.makespan(f, b)
+    graph.makespan(*lin.pass_times(counts, recomputed))  # under the V, the weight-gradient passes apart
     return batch / (time.perf_counter() - t0)
 
 
