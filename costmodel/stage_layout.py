@@ -60,9 +60,10 @@ deferred), simulated with each stage's weight-gradient part split off its backwa
 reproduces the exact model's peak, DP/update and exposed P2P (tests/unit/test_stage_layout.py);
 where rank 0's two stages differ (DeepSeek-V3: dense layers and the embedding on one, MTP and
 the head on the other) it is finer than the exact model, which holds 2pp + 1 mean chunks in
-flight there and the replay mostly the first stage's (8 of 9 on pp 4). The CP-SAT layout
-search does not cover it yet (optimizer.layout_search.check_searchable); vee_layout_search
-descends over V layouts with this scorer, and `mofa evaluate --pipeline-layout` scores one.
+flight there and the replay mostly the first stage's (8 of 9 on pp 4). solve_layout does not
+search it (optimizer.layout_search.check_searchable); vee_layout_search does (a local search on
+the V's schedule graph, then CP-SAT rounds over its path cuts, certified by this scorer), and
+`mofa evaluate --pipeline-layout` scores one.
 """
 
 from __future__ import annotations

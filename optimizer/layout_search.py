@@ -26,6 +26,11 @@ backward and takes what it does not keep off every memory row, and a rank that r
 one layer's working set (costmodel.stage_layout). `uniform_recompute` ties r_s = min(N, t_s)
 to one N, what Megatron launches. The local search also moves r_s by one; the stage DP and the
 enumeration cover every recompute count.
+
+DualPipeV (vee_layout_search): rank r holds stages r and 2pp - 1 - r, so the rank rows read
+ctx.stages_of, and the schedule graph's nodes are the V's entries (a forward overlapped with
+another stage's backward lasts both) with weight-gradient passes of their own: a path is
+n_F.F + n_B.B + n_W.W, still linear in the counts (vee_model, vee_rounds).
 """
 
 from __future__ import annotations
