@@ -82,10 +82,10 @@ def cases():
     yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp1 cp4 pp4 ep256 under DualPipeV (the shipped answer)", ds,
            ConfigBatch.from_columns(2048, **vee), {"V split (mofa solve's skeleton, 13 / 16 layers)": megatron_layout(61, 1, 4, 2, 13, 16, True)})
     # Llama 3 405B under DualPipeV on pp 16 (8192 GPUs, 128 micro-batches): its V split (3 layers on rank 0's stages, 4 on
-    # the others) needs 84.9 GiB of 80, so memory shapes the answer
+    # the others) needs 84.9 GiB of device B's 64, so memory shapes the answer
     llama_v = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_8192gpu_gbs8192.yaml"),
                            ["tp=8", "pp=16", "vp=2", "mbs=1", "pp_schedule=dualpipev", "zero_stage=1", "pp_overlap=true", "layer_split=uneven"])
-    yield ("Llama 3 405B, 8192 H100, tp8 pp16 under DualPipeV", llama_v, ConfigBatch.from_specs(llama_v, [llama_v.config]),
+    yield ("Llama 3 405B, 8192 device B, tp8 pp16 under DualPipeV", llama_v, ConfigBatch.from_specs(llama_v, [llama_v.config]),
            {"V split (3 layers on rank 0's stages, 4 elsewhere)": StageLayout.from_stage_sizes(16, 2, [3] + [4] * 30 + [3], 0, vee=True)})
 
 

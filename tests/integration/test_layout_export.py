@@ -288,7 +288,7 @@ LLAMA_VEE = ["hardware=h100-sxm", "model.vocab_size=128256", "tp=8", "pp=16", "v
 
 
 def test_evaluate_scores_and_launches_a_layout_under_dualpipev():
-    """`mofa evaluate --pipeline-layout` under DualPipeV: Llama 3 405B on pp 16 (8192 H100s, DDP as
+    """`mofa evaluate --pipeline-layout` under DualPipeV: Llama 3 405B on pp 16 (8192 of MoFa's device B, DDP as
     torchtitan replicates without FSDP, the layout model covering ZeRO 0-1), its V split (3 + 3
     layers on rank 0, 4 on each other stage) with a layer moved from stage 0 to stage 1: scored by the layout model in the V (the JSON equal to score_layout's), and
     launched by torchtitan with the stages as module lists in model order, which its

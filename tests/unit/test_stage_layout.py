@@ -275,7 +275,7 @@ def test_dualpipev_layouts_are_certified_by_their_own_search(llama_vee):
 
 def test_a_v_search_under_memory_pressure_is_certified(llama_vee):
     """Llama 3 405B under DualPipeV on pp 16: the V split (3 / 4 layers a stage) needs 84.9 GiB
-    of 80. vee_layout_search repairs it over the V's schedule graph and linear memory test and
+    of device B's 64. vee_layout_search repairs it over the V's schedule graph and linear memory test and
     its CP-SAT rounds certify the fastest V layout that fits (a few seconds; the exact descent
     it replaces ran out of 10 s still over the capacity). What it returns fits, by the exact
     model, and no V layout is faster than its bound: not the rank bound, nor any layout a few
