@@ -55,6 +55,7 @@ from costmodel.configs import ConfigBatch
 from costmodel.evaluate import evaluate
 from costmodel.specs import Problem
 from costmodel.units import GB
+from optimizer.cp_solver import cp_solver, solve
 from optimizer.exhaustive import score_space
 from optimizer.result import SolveResult, Stopwatch, TopK, check_objective, e2e_of_step, floor_objective, objective_values
 from optimizer.space import MEMORY_FEATURES, PURE_TIME_FEATURES, SKELETON_FIELDS, SearchSpace
@@ -410,12 +411,8 @@ class _Collector(cp_model.CpSolverSolutionCallback):
 
 
 def _solver(time_limit_s: float | None, workers: int) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.random_seed = SEED
-    solver.parameters.num_workers = workers
-    if time_limit_s is not None:
-        solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
-    return solver
+    """Ctrl-C stops the search as a time limit would: the best so far is reported (cp_solver)."""
+    return cp_solver(time_limit_s, workers, SEED, ctrl_c_stops_search=True)
 
 
 def _configs(problem: Problem, space: SearchSpace, tb: Tables, found) -> ConfigBatch:
@@ -523,7 +520,7 @@ def _solve_tables(problem, space, tb, objective, top_k, time_limit_s, workers, d
     model.Minimize(model.GetIntVarFromProtoIndex(mv.objective.Index()))
     solver = _solver(remaining(), workers)
     collector = _Collector(ModelVars(mv.choice, model.GetIntVarFromProtoIndex(mv.index.Index()), model.GetIntVarFromProtoIndex(mv.objective.Index())))
-    status = solver.Solve(model, collector)
+    status = solve(solver, model, collector)
     stats.update(phase1=solver.StatusName(status), phase1_s=round(solver.WallTime(), 3))
     if status == cp_model.INFEASIBLE:
         return SolveResult("cpsat", objective, "infeasible", np.zeros(0), None, clock.elapsed, 0, lower_bound=math.inf, space_size=space.size, stats=stats)
@@ -552,7 +549,7 @@ def _solve_tables(problem, space, tb, objective, top_k, time_limit_s, workers, d
             solver2 = _solver(remaining(), 1)
             solver2.parameters.enumerate_all_solutions = True
             collector2 = _Collector(ModelVars(mv.choice, model2.GetIntVarFromProtoIndex(mv.index.Index()), objective2))
-            status2 = solver2.Solve(model2, collector2)
+            status2 = solve(solver2, model2, collector2)
             stats["bands"] += 1
             stats["enumerated"] += len(collector2.found)
             stats["phase2_s"] = round(stats["phase2_s"] + solver2.WallTime(), 3)

@@ -59,6 +59,7 @@ from costmodel.stage_layout import (
     stage_ranks,
     unit_costs,
 )
+from optimizer.cp_solver import cp_solver
 
 TIME_SCALE = 1e9  # integer nanoseconds in the CP-SAT model
 ROUND_STARTS = 3  # local searches from round_seeds' answers where no given layout fits
@@ -281,10 +282,7 @@ def round_below(model: cp_model.CpModel, z, variables, incumbent_s: float, slack
     goal_s = incumbent_s - 2 * slack_s
     domain[0], domain[1] = 0, max(int(math.floor(goal_s * TIME_SCALE)), 0)
     found = _Answers(variables)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.05)
-    solver.parameters.num_workers = int(workers)
-    solver.parameters.random_seed = 0
+    solver = cp_solver(time_limit_s, workers)
     status = solver.Solve(model, found)
     if status == cp_model.INFEASIBLE:
         return status, goal_s, found.answers
@@ -627,8 +625,7 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
             model.Add(sum(int(h[c]) * (act * t[c] - dropped * rc[c]) for c in range(vp) if h[c]) + working * any_
                       <= int(math.floor((room - const) / BYTE_SCALE)) + 1)
         model.Minimize(sum(rc))
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1
+        solver = cp_solver(random_seed=1)  # CP-SAT's default seed, which this solve always ran with
         solver.parameters.max_deterministic_time = 5.0
         status = solver.Solve(model)
         if status == cp_model.INFEASIBLE:
@@ -749,12 +746,9 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
     for r in range(pp):
         model.Add(busiest >= sum(stage_ns[s] for s in range(r, stages, pp)))
     model.Minimize(sum(rounds) + busiest)
-    solver = cp_model.CpSolver()
     # one worker and a deterministic time limit: the same seed on every run (a wall-clock cap too)
+    solver = cp_solver(max(2 * time_limit_s, 0.1), 1, random_seed)
     solver.parameters.max_deterministic_time = max(time_limit_s, 0.05)
-    solver.parameters.max_time_in_seconds = max(2 * time_limit_s, 0.1)
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = int(random_seed)
     answers = _Answers(t + rc)
     if solver.Solve(model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return []
@@ -1033,10 +1027,7 @@ def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int =
     above the ranks' mean work (work_bound_s)."""
     vm = vee_model(ctx, LinearLayouts(ctx))
     vm.model.Minimize(vm.z)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.05)
-    solver.parameters.num_workers = int(workers)
-    solver.parameters.random_seed = 0
+    solver = cp_solver(time_limit_s, workers)
     status = solver.Solve(vm.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return 0.0
@@ -1679,15 +1670,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 for answer in answers:  # nothing new learnt (integer rounding): exclude them
                     model.AddForbiddenAssignments(vars_, [answer])
             continue
-        solver = cp_model.CpSolver()
         # regular layouts keep a first round of all the time (their LNS workers find the
         # incumbent), later ones are capped; free layouts without an incumbent are capped too, so
         # that the first layout that fits switches to the rounds above (a round that finds
         # nothing gets the rest of the time)
         capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
-        solver.parameters.max_time_in_seconds = max(min(remaining, round_limit_s) if capped else remaining, 0.05)
-        solver.parameters.num_workers = int(workers)
-        solver.parameters.random_seed = 0
+        solver = cp_solver(min(remaining, round_limit_s) if capped else remaining, workers)
         if chunk_spread is not None:
             # regular layouts: the LP of every constraint, the max over the rank rows and the
             # recompute tables' element constraints included (CP-SAT's level 2), proves more per
@@ -1979,11 +1967,8 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
     bound = None
     while time.perf_counter() - start < time_limit_s:
         found = _Answers(t + x)
-        solver = cp_model.CpSolver()
         left = time_limit_s - (time.perf_counter() - start)
-        solver.parameters.max_time_in_seconds = max(min(left, round_limit_s) if left >= 2 * round_limit_s else left, 0.05)
-        solver.parameters.num_workers = int(workers)
-        solver.parameters.random_seed = 0
+        solver = cp_solver(min(left, round_limit_s) if left >= 2 * round_limit_s else left, workers)
         status = solver.Solve(model, found)
         if status == cp_model.INFEASIBLE:
             return goal_s - 2 * slack, new_paths
@@ -2320,8 +2305,7 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
 
     def solve(objective, maximize):
         (model.Maximize if maximize else model.Minimize)(objective)
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1
+        solver = cp_solver(random_seed=1)  # CP-SAT's default seed, which this solve always ran with
         solver.parameters.max_time_in_seconds = max(time_limit_s / (pp + 1), 0.01)
         status = solver.Solve(model)
         if status == cp_model.INFEASIBLE:

@@ -155,7 +155,11 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
         from mofa.launch.plan import with_pipeline_layout
         from optimizer.layout_search import launch_recompute, layout_report
 
-        report, layout = layout_report(problem, result.top_configs.take([0]), layout_time_limit_s)
+        try:
+            report, layout = layout_report(problem, result.top_configs.take([0]), layout_time_limit_s)
+        except KeyboardInterrupt:  # Ctrl-C: the solved configuration stands, with its own split
+            report, layout = {"refused": "interrupted (Ctrl-C) before it ended: the configuration's own split stands",
+                              "interrupted": True}, None
         out["pipeline_layout"] = finite(report)
         if layout is not None:
             # a configuration with full recompute: the layout chose its recompute too (one N, block method)

@@ -401,3 +401,40 @@ def test_solve_out_replaces_a_stale_set_and_refuses_other_files(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == f"mofa solve: cannot write to --out {out}: holds files mofa did not write (notes.md); give a new or empty folder"
     assert (out / "notes.md").read_text() == "mine" and (out / "best.yaml").exists()
+
+
+@pytest.mark.parametrize("stops_search", [False, True])
+def test_ctrl_c_after_a_cp_sat_solve_is_still_python_s(stops_search):
+    """OR-Tools' own SIGINT handling leaves the process's SIGINT at the OS default after a solve
+    (a later Ctrl-C ended `mofa` with no message and no answer). Solvers made by cp_solver leave
+    Ctrl-C to Python, or (the skeleton search's, which Ctrl-C stops as a time limit would) get
+    Python's handler back from cp_solver.solve; either way a SIGINT after a solve raises
+    KeyboardInterrupt. In a child process: were the handler lost, the child would die of the
+    signal (return code -2) instead of printing."""
+    code = ("import os, signal, time; from ortools.sat.python import cp_model; from optimizer.cp_solver import cp_solver, solve\n"
+            "m = cp_model.CpModel(); x = m.NewIntVar(0, 10, 'x'); m.Maximize(x)\n"
+            f"assert solve(cp_solver(1.0, ctrl_c_stops_search={stops_search}), m) == cp_model.OPTIMAL\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGINT); time.sleep(5); print('no interrupt')\n"
+            "except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0 and child.stdout == "KeyboardInterrupt\n", (child.returncode, child.stdout, child.stderr)
+
+
+def test_ctrl_c_in_the_layout_search_keeps_the_configuration(monkeypatch):
+    """`mofa solve --pipeline-layouts`: a Ctrl-C while the layout search runs ends that search
+    only; the solved configuration is reported (and launched) with its own split, and the
+    layout report says it was interrupted."""
+    import optimizer.layout_search
+    from conftest import PROBLEMS
+    from mofa.commands._common import load_for_search
+    from mofa.commands.solve import render_layout, solve_output
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimizer.layout_search, "layout_report", interrupted)
+    path = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
+    out, plans = solve_output(load_for_search(path, []), path, "cpsat", None, 1, None, layout_time_limit_s=5.0)
+    assert out["status"] == "optimal" and out["best"] is not None and plans
+    assert out["pipeline_layout"]["interrupted"] and "interrupted (Ctrl-C)" in render_layout(out["pipeline_layout"])
+    assert plans[0].pipeline_layout is None
