@@ -147,6 +147,8 @@ def render_solve(problem, out: dict) -> str:
         head += " (certified by the exact model)"
     elif out["gap"] is not None:
         head += f" (gap {100 * out['gap']:.2f}% to the proven bound)"
+    if (out.get("stats") or {}).get("interrupted"):
+        head += ", stopped by Ctrl-C: the best found so far"
     lines = [head, f"solved in {out['solve_time_s']:.2f} s, {out['evaluated']:,} exact evaluations, space of {out['space_size'] or 0:,} configurations"]
     if (out.get("stats") or {}).get("path"):
         lines.append(f"path: {out['stats']['path']}")

@@ -111,6 +111,7 @@ class Tables:
     host: np.ndarray  # MB x G: host memory per GPU (rounded down)
     complete: bool = True  # False when a time limit stopped the building: rows of some skeletons are missing
     paired: int = 0  # rows looked at (skeleton x memory choice), before the rules and the memory capacities
+    interrupted: bool = False  # Ctrl-C stopped the building (as a time limit would: `complete` is False)
 
 
 def build_tables(problem: Problem, space: SearchSpace, out_of_time=None) -> Tables:
@@ -118,10 +119,11 @@ def build_tables(problem: Problem, space: SearchSpace, out_of_time=None) -> Tabl
     of skeletons is paired with the memory choices and overlap choices its fields leave
     possible, so the exact model scores no configuration the rules reject outright.
     `out_of_time()` (checked between batches of the exact model) stops the building early: the
-    tables then hold only the rows built, and `Tables.complete` is False."""
+    tables then hold only the rows built, and `Tables.complete` is False; so does Ctrl-C
+    (`Tables.interrupted`)."""
     choices = space.memory_choices
     sig = space._signature(space.skeletons)
-    parts, complete, paired = [], True, 0
+    parts, complete, paired, interrupted = [], True, 0, False
     for code in np.unique(sig):
         if out_of_time is not None and parts and out_of_time():
             complete = False
@@ -132,11 +134,12 @@ def build_tables(problem: Problem, space: SearchSpace, out_of_time=None) -> Tabl
             paired += group[0]
             parts.append(group[1:])
         if stopped:
-            complete = False
+            complete, interrupted = False, "interrupted" in stopped
             break
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
-        return Tables(problem.cluster.num_gpus, empty, {name: np.zeros(0) for name in MEMORY_FEATURES}, empty, empty, empty, complete, paired)
+        return Tables(problem.cluster.num_gpus, empty, {name: np.zeros(0) for name in MEMORY_FEATURES}, empty, empty, empty, complete, paired,
+                      interrupted)
     order = np.lexsort((np.concatenate([t[1] for t in parts]), np.concatenate([t[0] for t in parts])))  # skeleton-major, canonical
     skeleton, choice, objective, memory, host = (np.concatenate([t[i] for t in parts])[order] for i in range(5))
     return Tables(
@@ -148,6 +151,7 @@ def build_tables(problem: Problem, space: SearchSpace, out_of_time=None) -> Tabl
         host=host,
         complete=complete,
         paired=paired,
+        interrupted=interrupted,
     )
 
 
@@ -167,9 +171,16 @@ def _group_tables(problem: Problem, space: SearchSpace, skeletons: np.ndarray, c
             if stopped is not None:
                 stopped.append(True)
             break
-        parts.append(_block_tables(problem, space, row_sk[lo:lo + CHUNK], row_choice[lo:lo + CHUNK], triples, out_of_time, stopped))
+        try:
+            parts.append(_block_tables(problem, space, row_sk[lo:lo + CHUNK], row_choice[lo:lo + CHUNK], triples, out_of_time, stopped))
+        except KeyboardInterrupt:  # Ctrl-C: as a time limit would, the rows built so far (their block's lost)
+            if stopped is None:
+                raise
+            stopped.append("interrupted")
         if stopped:
             break
+    if not parts:
+        return None
     return (len(row_sk),) + tuple(np.concatenate([part[i] for part in parts]) for i in range(5))
 
 
@@ -448,9 +459,12 @@ def solve_cpsat(problem: Problem, objective: str = "step", top_k: int = 1, time_
     out_of_time = None if time_limit_s is None else (lambda: clock.elapsed > time_limit_s)
     tb = build_tables(problem, space, out_of_time) if len(space.skeletons) else None
     if tb is not None and not tb.complete:
-        # the limit ran out while the tables were built: what was built is searched, and the
-        # skeletons left out are bounded by the compute floor, so the answer keeps its gap
+        # the limit ran out (or Ctrl-C came) while the tables were built: what was built is
+        # searched, and the skeletons left out are bounded by the compute floor, so the answer
+        # keeps its gap
         stats["tables_complete"] = False
+        if tb.interrupted:
+            stats["interrupted"] = True
         result = _solve_tables(problem, space, tb, objective, top_k, time_limit_s, workers, distinct_layouts, clock, stats)
         return _partial(problem, space, result, objective)
     if tb is None:  # no admissible skeleton

@@ -80,6 +80,33 @@ def test_ctrl_c_returns_the_best_found_so_far(tmp_path, monkeypatch):
     assert result.gap is not None and result.best_value >= result.lower_bound > 0
 
 
+def test_ctrl_c_while_cpsat_builds_its_tables_returns_the_best_so_far(tmp_path, monkeypatch):
+    """Ctrl-C while the tables are built (most of a cpsat solve on the shipped problems) stops the
+    building as a time limit would: the rows built are searched, the rest bounded by the compute
+    floor, and the answer, not certified, carries its gap (it used to end the solve with no
+    answer)."""
+    import optimizer.cpsat
+
+    monkeypatch.setattr(optimizer.cpsat, "PATH", "tables")
+    monkeypatch.setattr(optimizer.cpsat, "CHUNK", 64)  # several blocks, so that one is built before the interrupt
+    problem = load(tmp_path, DENSE)
+    optimum = solve(problem, "cpsat", "step").best_value
+    calls = {"n": 0}
+    real = optimizer.cpsat._block_tables
+
+    def interrupted_on_second_block(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer.cpsat, "_block_tables", interrupted_on_second_block)
+    stopped = solve(problem, "cpsat", "step")
+    assert calls["n"] == 2 and stopped.stats["interrupted"] and stopped.stats["tables_complete"] is False
+    assert stopped.status == "feasible" and stopped.lower_bound <= optimum <= stopped.best_value
+    assert stopped.gap is not None and 0 <= stopped.gap < 1
+
+
 @pytest.mark.parametrize("objective", ["step", "e2e"])
 def test_cpsat_time_limit_bounds_table_building(tmp_path, monkeypatch, objective):
     """A limit that runs out while the tables are built: the rows built are searched, the rest
