@@ -290,6 +290,24 @@ def round_below(model: cp_model.CpModel, z, variables, incumbent_s: float, slack
     return status, min(solver.BestObjectiveBound() / TIME_SCALE - under_s, goal_s), found.answers
 
 
+def memo_scorer(ctx: LayoutContext, scores: dict | None = None):
+    """score_layout of the skeleton, each layout scored once (`scores`: a cache shared between
+    searches of the same skeleton)."""
+    scores = {} if scores is None else scores
+
+    def score_of(layout: StageLayout):
+        if layout not in scores:
+            scores[layout] = score_layout(ctx, layout)
+        return scores[layout]
+
+    return score_of
+
+
+def layout_makespan(score) -> float:
+    """What the searches minimise: the simulated schedule's makespan, the exposed P2P left out."""
+    return score.pipeline_s - score.pp_exposed_s
+
+
 def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
     """(kind, first layer, end) of each maximal run of equal kinds in model order."""
     runs = []
@@ -1080,8 +1098,7 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
         return end[:-1].max(axis=0), lin.fits(counts, recomputed), list(zip(*graph.paths(*seconds, end=end)))
 
     def makespan_of(layout) -> float:
-        score = score_of(layout)
-        return score.pipeline_s - score.pp_exposed_s
+        return layout_makespan(score_of(layout))
 
     def layout_of(decoders) -> StageLayout:
         layout = StageLayout(pp=best.pp, vp=best.vp, decoders=tuple(int(x) for x in decoders), mtp=best.mtp, vee=True)
@@ -1134,16 +1151,10 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
     all for every V layout. On DeepSeek-V3's shipped answer (pp 4, 61 layers) the rounds
     certify the V split in ~0.2 s, where the rank bound alone left 1.20%."""
     start_time = time.perf_counter()
-    scores = {} if scores is None else scores
-
-    def score_of(layout: StageLayout):
-        if layout not in scores:
-            scores[layout] = score_layout(ctx, layout)
-        return scores[layout]
+    score_of = memo_scorer(ctx, scores)
 
     def makespan_of(layout: StageLayout) -> float:
-        score = score_of(layout)
-        return score.pipeline_s - score.pp_exposed_s
+        return layout_makespan(score_of(layout))
 
     level = None
     if ctx.recompute_allowed:  # the block method's N, or every layer
@@ -1248,12 +1259,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     more booleans, proved less in 10 s than the search's own rounds: 56.5 s against 56.8 s)."""
     check_searchable(ctx)
     start = time.perf_counter()
-    scores = {} if scores is None else scores
-
-    def score_of(layout: StageLayout):
-        if layout not in scores:
-            scores[layout] = score_layout(ctx, layout)
-        return scores[layout]
+    scores = {} if scores is None else scores  # shared with the nested search below
+    score_of = memo_scorer(ctx, scores)
 
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
