@@ -1173,7 +1173,7 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
     if score_of(best).fits:
         best, found, proven, rounds = vee_rounds(ctx, best, score_of, start_time + time_limit_s, workers, paths, level)
     best_score = score_of(best)
-    makespan = best_score.pipeline_s - best_score.pp_exposed_s
+    makespan = layout_makespan(best_score)
     lower = min(max(mean, ranks, found), makespan)
     source = "vee-cp-sat" if found >= max(mean, ranks) else "vee-rank" if ranks > mean else "vee-work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, lower, proven or lower >= makespan * (1 - 1e-9),
@@ -1422,7 +1422,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         score = score_of(layout)
         if layout not in graph_seeds:
             cut(*_path_of(ctx, score))
-        if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
+        if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
             best, best_score = layout, score
         if score.fits and layout in graph_seeds:
             break  # the fastest graph seed that fits: the others are slower
@@ -1445,7 +1445,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         for seed in starts:
             score = score_of(seed)
             cut(*_path_of(ctx, score))
-            if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
+            if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
                 best, best_score = seed, score
         seeds = seeds + starts
 
@@ -1467,7 +1467,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         score = score_of(found)
         add_rows(decoders + recomputed)
         nearest = found  # a repair that fell short still makes CP-SAT's best hint
-        if score.fits and (best_score is None or score.pipeline_s - score.pp_exposed_s < best_score.pipeline_s - best_score.pp_exposed_s):
+        if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
             best, best_score = found, score
 
     rows = MemoryRows(model, ctx, lin, run_counts, rc_counts if recompute else None)
@@ -1479,7 +1479,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         or only N = 0: the search without recompute), else None (the N still open kept for
         CP-SAT's domain)."""
         nonlocal level_floor, open_levels
-        best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+        best_makespan = layout_makespan(best_score)
         open_levels, low = level_range(ctx, lin, best_makespan, n_layers if max_layers is None else max_layers, tables)
         level_floor = max(level_floor, low)
         if not open_levels:
@@ -1580,7 +1580,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 if not fits[k]:
                     new |= add_rows(part[k])
                     continue
-                if values[k] >= best_score.pipeline_s - best_score.pp_exposed_s:
+                if values[k] >= layout_makespan(best_score):
                     break
                 layout = make(part[k])
                 score = score_of(layout)
@@ -1609,7 +1609,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         # otherwise the region's rows and the LP's paths join the model (the rows hold for
         # every layout the rounds ask for: those below the incumbent). Under a second for
         # it, its probes alone would overrun the limit.
-        goal = best_score.pipeline_s - best_score.pp_exposed_s - 2 * slack
+        goal = layout_makespan(best_score) - 2 * slack
         t_region = time.perf_counter()
         region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget, tables=tables)
         if region is None:
@@ -1638,7 +1638,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             split_fraction = 1.0 if max(sum(best.recompute[r::pp]) for r in range(pp)) <= 1 else 0.0
     split_budget = split_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
     if refine and best is not None and recompute and not graph and not proven and split_budget >= 0.5:
-        goal = best_score.pipeline_s - best_score.pp_exposed_s
+        goal = layout_makespan(best_score)
         found_lb, split_paths = recompute_split_bound(ctx, goal, lin, time_limit_s=split_budget, workers=workers, paths=cuts,
                                                       chunk_spread=chunk_spread, min_layers=min_layers, max_layers=max_layers,
                                                       hint=best, round_limit_s=round_limit_s)
@@ -1658,7 +1658,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # incumbent) or priced too low, and its longest path is a new cut that removes it;
             # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
             # every answer CP-SAT found, not only its last, so one round brings many cuts.
-            best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+            best_makespan = layout_makespan(best_score)
             # a round cut short loses its presolve and LP with it: where less than two rounds'
             # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
             # for ~2.6 s of a 4 s round)
@@ -1706,8 +1706,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
         layout = make([solver.Value(v) for v in vars_])
         score = score_of(layout)
-        makespan = score.pipeline_s - score.pp_exposed_s
-        if score.fits and (best_score is None or makespan < best_score.pipeline_s - best_score.pp_exposed_s):
+        makespan = layout_makespan(score)
+        if score.fits and (best_score is None or makespan < layout_makespan(best_score)):
             best, best_score = layout, score
         if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
             if not add_rows(layout.decoders + layout.recompute):
@@ -1717,7 +1717,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if not refine:
             proven = status == cp_model.OPTIMAL
             break
-        best_makespan = best_score.pipeline_s - best_score.pp_exposed_s
+        best_makespan = layout_makespan(best_score)
         if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
             proven = True
             break
@@ -1727,7 +1727,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             break
     if paths is not None:
         paths.update(cuts)
-    makespan = best_score.pipeline_s - best_score.pp_exposed_s
+    makespan = layout_makespan(best_score)
     source = "rank-lp" if lp_bound is not None and bound <= lp_bound else "recompute-split" if split_bound is not None and bound <= split_bound else "cp-sat"
     if not proven:
         floor = work_bound_s(ctx, lin) - slack
