@@ -121,6 +121,37 @@ def test_segment_paths_bound_every_layout():
     assert best == pytest.approx(simulate(ops, ones, 2 * ones, 0.0).makespan_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("pp,vp,budget", [(4, 2, 10**6), (4, 2, 2 * 8 * 8), (4, 2, 2 * 8 * 8 - 1)])
+def test_dwell_paths_bound_every_layout(tmp_path, pp, vp, budget):
+    """Each dwell path is its probe's longest path (its length is the makespan of the stage
+    times with one or two stages slowed) and no longer than the makespan of any other layout's
+    times: a cut for every layout. Pairs only where their terms fit the budget, single stages
+    where those alone fit, none past that."""
+    import numpy as np
+
+    from optimizer.layout_search import dwell_paths, schedule_graph
+
+    ctx = context(tmp_path, pp, vp, 81559)
+    stages = pp * vp
+    graph = schedule_graph(ctx)
+    rng = np.random.default_rng(5)
+    base = (rng.uniform(0.5, 1.5, stages), rng.uniform(1.0, 3.0, stages))
+    paths = dwell_paths(ctx, base, budget_terms=budget)
+    singles, pairs = stages, stages * (stages - 1) // 2
+    expected = singles + pairs if (singles + pairs) * 2 * stages <= budget else singles if singles * 2 * stages <= budget else 0
+    assert len(paths) == expected
+    for k, (n_f, n_b) in enumerate(paths[:singles]):  # the single-stage probes come first, stage by stage
+        slow = [x.copy() for x in base]
+        for x in slow:
+            x[k] *= 3.0
+        assert n_f @ slow[0] + n_b @ slow[1] == pytest.approx(graph.makespan(*slow), rel=1e-12)
+    for _ in range(20):
+        f = rng.uniform(0.0, 1.0, stages) * (rng.uniform(size=stages) > 0.3) + 0.01
+        b = 2 * f
+        makespan = graph.makespan(f, b)
+        assert max((n_f @ f + n_b @ b for n_f, n_b in paths), default=0.0) <= makespan * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("memory_mib", [81559, 39000])
 def test_regular_layouts(tmp_path, memory_mib):
     """chunk_spread=1 finds the best layout among those whose chunks on one rank differ by at
@@ -366,6 +397,22 @@ def test_recompute_cpsat_matches_enumeration(tmp_path, recompute_layouts, memory
         assert solution.lower_bound_s <= solution.makespan_s * (1 + 1e-9)
         if uniform:
             assert solution.layout.uniform_recompute() is not None
+
+
+@pytest.mark.parametrize("pp,vp", [(2, 2), (4, 1)])
+@pytest.mark.parametrize("memory_mib", [200000, 49000, 44000, 41000])
+def test_recompute_rounds_below_an_incumbent_match_enumeration(tmp_path, recompute_layouts, pp, vp, memory_mib):
+    """The free search with per-stage recompute, started from the slowest layout that fits and
+    no local search, so that its rounds below the incumbent do the work with every cut they
+    take on trust (recompute_only_where_needed's dominance, recomputing_ranks' zeros, the dwell
+    paths): certified at enumeration's least simulated makespan over every layout and recompute
+    vector. A cut that removed a better layout would leave a slower certified answer."""
+    ctx = recompute_context(tmp_path, pp, vp, memory_mib)
+    fits = fitting(recompute_layouts[pp, vp], ctx)
+    slowest = max(fits, key=lambda e: e[2])[0]
+    solution = solve_layout(ctx, time_limit_s=20, seeds=(slowest,), local=False)
+    assert solution.optimal and solution.fits
+    assert solution.makespan_s == pytest.approx(min(makespan for _, _, makespan, _ in fits), rel=1e-6)
 
 
 def test_recompute_is_found_where_only_it_fits(tmp_path, recompute_layouts):
