@@ -1246,7 +1246,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     10 s) and, with recompute, that only ranks which cannot fit without it recompute
     (MemoryRows.recompute_only_where_needed; recomputing_ranks' zeros for ranks that cannot
     do so below the incumbent): DeepSeek-V3 pp 16 x vp 2, per-stage recompute, 6.4% in 10 s
-    -> certified in ~9 s. Otherwise (regular layouts, no incumbent yet,
+    -> certified in 7.7-8.5 s. Otherwise (regular layouts, no incumbent yet,
     refine=False) each round minimises the model, simulates the answer and adds its path,
     until the best simulated layout meets CP-SAT's bound. Either way the bound is proven when
     time runs out and the gap is reported.
@@ -2236,8 +2236,10 @@ def dwell_paths(ctx: LayoutContext, seconds: tuple[np.ndarray, ...], budget_term
     from, and CP-SAT's first answers are layouts far from them, whose one or two overloaded
     chunks pace the steady state (DeepSeek-V3 on pp 16 x vp 2: answers priced below the 60.9 s
     incumbent whose paths run 291 micro-batches on one chunk and 480 on the last, 65-74 s);
-    every pair of stages gives the rounds those paths up front (its per-chunk recompute search:
-    6.4% in 10 s to certified in ~9.5 s, in one round). Pairs where their terms fit
+    every pair of stages gives the rounds those paths up front (its free search without
+    recompute certifies in one round, 3.3-3.9 s against 5.1-7.9 s; with per-stage recompute,
+    together with MemoryRows.recompute_only_where_needed, in 7.7-8.5 s, where that alone
+    stopped at 3.0% in 10 s). Pairs where their terms fit
     `budget_terms` (about 2 * stages terms a path: pp 16 x vp 2's 528 probes, ~0.7 s), else
     single stages only (pp 16 x vp 8: 8,256 pairs make a model CP-SAT does not solve in 10 s)."""
     stages = len(seconds[0])
