@@ -1246,7 +1246,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     10 s) and, with recompute, that only ranks which cannot fit without it recompute
     (MemoryRows.recompute_only_where_needed; recomputing_ranks' zeros for ranks that cannot
     do so below the incumbent): DeepSeek-V3 pp 16 x vp 2, per-stage recompute, 6.4% in 10 s
-    -> certified in 7.7-8.5 s. Otherwise (regular layouts, no incumbent yet,
+    -> certified in 7.7-9.3 s. Otherwise (regular layouts, no incumbent yet,
     refine=False) each round minimises the model, simulates the answer and adds its path,
     until the best simulated layout meets CP-SAT's bound. Either way the bound is proven when
     time runs out and the gap is reported.
@@ -1637,9 +1637,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             if r not in maybe:
                 for s in ctx.stages_of[r]:
                     model.Add(rc[int(s)] == 0)
-    if refine and best is not None and chunk_spread is None and not graph:
+    if refine and best is not None and chunk_spread is None and not graph and level is None:
         # free layouts: the paths that dwell on one or two overloaded chunks (dwell_paths),
-        # around the incumbent's stage times
+        # around the incumbent's stage times (not with one N: Llama 3 405B cp 1's one-N bound
+        # fell with them, 18.79-18.80% -> 18.82-19.23% in 10 s)
         counts, recomputed = lin.layout_counts(np.array(best.decoders + best.recompute)[None])
         for n_f, n_b in dwell_paths(ctx, tuple(x[:, 0] for x in lin.times(counts, recomputed if recompute else None))):
             cut(n_f, n_b)
@@ -2238,7 +2239,7 @@ def dwell_paths(ctx: LayoutContext, seconds: tuple[np.ndarray, ...], budget_term
     incumbent whose paths run 291 micro-batches on one chunk and 480 on the last, 65-74 s);
     every pair of stages gives the rounds those paths up front (its free search without
     recompute certifies in one round, 3.3-3.9 s against 5.1-7.9 s; with per-stage recompute,
-    together with MemoryRows.recompute_only_where_needed, in 7.7-8.5 s, where that alone
+    together with MemoryRows.recompute_only_where_needed, in 7.7-9.3 s, where that alone
     stopped at 3.0% in 10 s). Pairs where their terms fit
     `budget_terms` (about 2 * stages terms a path: pp 16 x vp 2's 528 probes, ~0.7 s), else
     single stages only (pp 16 x vp 8: 8,256 pairs make a model CP-SAT does not solve in 10 s)."""

@@ -3,7 +3,7 @@
 (bench/bench_layouts.py's fifth case, 1.5e36 layouts and recompute vectors). Its rounds were
 stopped at a 6.4% gap until the dwell paths and the rule that a rank recomputes only where it
 does not fit without (MemoryRows.recompute_only_where_needed) joined the model; the bench times
-them (7.7-8.5 s on 2 cores). Here the limit is generous: what is checked is the certificate, not
+them (7.7-9.3 s on 2 cores). Here the limit is generous: what is checked is the certificate, not
 its speed."""
 
 import dataclasses
