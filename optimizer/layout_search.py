@@ -496,6 +496,26 @@ class LinearLayouts:
         return (self.excess(counts, recomputed) <= 0).all(axis=1)
 
 
+def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext, lin: "LinearLayouts", rank: int, run_counts,
+                                    enforce) -> None:
+    """Where `enforce` holds, rank `rank` does not fit without recompute: its envelope (each
+    chunk's activations times the most micro-batches it ever holds in flight, above every
+    in-flight row of rank_memory_terms) is over the capacity. In thousandths of KiB, the
+    coefficients rounded up and the threshold down, so a rank over the capacity is over it
+    here. What recompute_split_bound and MemoryRows.recompute_only_where_needed require of a
+    rank that recomputes."""
+    base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
+    mine = [int(s) for s in ctx.stages_of[rank]]
+    held = np.asarray(ctx.held[rank])
+    top = held.max(axis=0) if len(held) else np.zeros(len(mine))
+    act = lin.u["kind_activation"]
+    scale = 1000.0 / BYTE_SCALE
+    envelope = sum(coef * run_counts[s][j] for c, s in enumerate(mine) for j, k in enumerate(int(k) for k in lin.kind_of_run)
+                   if (coef := int(math.ceil((base[k] + (1 + lin.frag) * top[c] * act[k]) * scale))))
+    envelope += int(math.ceil((base0 + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
+    model.Add(envelope >= int(math.floor(lin.capacity * scale)) + 1).OnlyEnforceIf(enforce)
+
+
 class MemoryRows:
     """The rank memory test of LinearLayouts.rank_rows as CP-SAT rows over a layout model's
     layers of each kind-run per stage (and recomputed ones): per rank one row for the
@@ -554,24 +574,13 @@ class MemoryRows:
         recompute of every rank that fits without it (memory is per rank, and recompute only
         adds time, so the makespan does not grow); the result meets these rows, so a layout
         below the incumbent exists only where one meeting them does (recompute_split_bound's
-        argument, here over the search's own integer recompute counts). Coefficients rounded
-        up, the threshold down: a rank over the capacity is over it here."""
+        argument, here over the search's own integer recompute counts)."""
         model, lin, ctx = self.model, self.lin, self.ctx
-        kind_of_run = [int(k) for k in lin.kind_of_run]
-        act = unit_costs(ctx)["kind_activation"]
         n_layers = len(ctx.kind_of_layer)
-        scale = 1000.0 / BYTE_SCALE
-        threshold = int(math.floor(lin.capacity * scale))
-        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
-            mine = [int(s) for s in ctx.stages_of[r]]
-            held = np.asarray(ctx.held[r])
-            top = held.max(axis=0) if len(held) else np.zeros(len(mine))
-            envelope = sum(int(math.ceil((base[k] + (1 + lin.frag) * top[c] * act[k]) * scale)) * run_counts[s][j]
-                           for c, s in enumerate(mine) for j, k in enumerate(kind_of_run))
-            envelope += int(math.ceil((base0 + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
+        for r in range(ctx.pp):
             y = model.NewBoolVar(f"needs_recompute{r}")
-            model.Add(sum(rc_counts[s][j] for s in mine for j in range(len(kind_of_run))) <= n_layers * y)
-            model.Add(envelope >= threshold + 1).OnlyEnforceIf(y)
+            model.Add(sum(rc_counts[s][j] for s in ctx.stages_of[r] for j in range(len(lin.kind_of_run))) <= n_layers * y)
+            over_capacity_without_recompute(model, ctx, lin, r, run_counts, y)
 
     def add(self, key) -> bool:
         """Bring one row into the model; whether it was new."""
@@ -1972,10 +1981,9 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
         recomputing.append(y)
 
     # memory, in thousandths of KiB: coefficients rounded down for the rows (a fitting layout
-    # meets them), up for the envelope (a rank over the capacity is over it)
+    # meets them); the envelope of a recomputing rank is over_capacity_without_recompute's
     scale = 1000.0 / BYTE_SCALE
     budget = int(math.ceil(lin.capacity * scale))
-    threshold = int(math.floor(lin.capacity * scale))
     frag = lin.frag
     rows, added = {}, set()
     for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
@@ -1995,10 +2003,7 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
         for i, h in enumerate(held):
             rows[r, i] = row(lambda c, k, h=h: base[k] + (1 + frag) * h[c] * lin.u["kind_activation"][k],
                              base0 + (1 + frag) * (head + h[-1] * mtp_act), math.floor)
-        top = held.max(axis=0) if len(held) else np.zeros(len(mine))
-        envelope = row(lambda c, k: base[k] + (1 + frag) * top[c] * lin.u["kind_activation"][k],
-                       base0 + (1 + frag) * (head + top[-1] * mtp_act), math.ceil)
-        model.Add(envelope >= threshold + 1).OnlyEnforceIf(recomputing[r])
+        over_capacity_without_recompute(model, ctx, lin, r, run_counts, recomputing[r])
         model.Add(rows[r, -1] <= budget)  # the optimizer transient: recompute does not lower it
         added.add((r, -1))
 
