@@ -179,7 +179,7 @@ def main() -> None:
                 print(f"  {label}: {exc}")
                 continue
             best = score_layout(ctx, sol.layout)
-            status = "certified optimal" if sol.optimal else "not proven"
+            status = "certified optimal" if sol.optimal else "stopped by Ctrl-C" if sol.interrupted else "not proven"
             rounds = f"{sol.rounds} layer moves and CP-SAT rounds" if ctx.vee else f"{sol.rounds} CP-SAT rounds"
             print(f"  {label}: {describe(best)}")
             print(f"    {elapsed:.2f} s (+{setup:.2f} s shared costs, schedule op lists) [{status}, {rounds}]; "
@@ -194,6 +194,8 @@ def main() -> None:
                 n = sol.layout.uniform_recompute()
                 export = f"--recompute-method block --recompute-num-layers {n}" if n else ("none" if n == 0 else "no one --recompute-num-layers gives it")
                 print(f"    recompute per stage {list(sol.layout.recompute)} ({sum(sol.layout.recompute)} of {n_layers} layers): {export}")
+            if sol.interrupted:  # the search gave its best so far (above): the bench stops
+                raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -198,6 +198,8 @@ def main() -> None:
         own = megatron_layout(len(ctx.kind_of_layer), 0, ctx.pp, ctx.vp, 7, 7)
         own = own.with_recompute([min(level, d) for d in own.decoders]) if level is not None else own
         solution = solve_layout(ctx, 10.0, seeds=(own,), uniform_recompute=level is not None)
+        if solution.interrupted:  # Ctrl-C: the search stopped with its best so far; so does this script
+            raise KeyboardInterrupt
         print(f"\n{name}" + (f", one N = {level}" if level is not None else "") +
               f": search (10 s) incumbent {solution.makespan_s:.4f} s, proven bound {solution.lower_bound_s:.4f} s")
         t0 = time.perf_counter()

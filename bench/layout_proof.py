@@ -182,6 +182,8 @@ def main() -> None:
     lin, graph = LinearLayouts(ctx), schedule_graph(ctx)
     n, stages = len(ctx.kind_of_layer), lin.stages
     found = solve_layout(ctx, args.search_seconds, seeds=tuple(baselines.values()))  # bench_layouts' free search
+    if found.interrupted:  # Ctrl-C: the search stopped with its best so far; so does this script
+        raise KeyboardInterrupt
     k = max(found.layout.decoders)
     print(f"{name}: free search ({args.search_seconds:.0f} s, bench_layouts' seeds): makespan {found.makespan_s:.4f} s, "
           f"proven bound {found.lower_bound_s:.4f} s (gap {100 * found.gap:.2f}%), largest stage {k} layer(s), "
@@ -189,6 +191,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     exact = solve_layout(ctx, args.exact_seconds, seeds=(found.layout,), max_layers=k, graph=True, local=False)
+    if exact.interrupted:  # Ctrl-C: the search stopped with its best so far; so does this script
+        raise KeyboardInterrupt
     incumbent = exact.makespan_s  # the exact solve may find a better layout of at most k a stage
     print(f"  branch 2, every stage at most {k} layer(s): CP-SAT over the whole event graph ({time.perf_counter() - t0:.0f} s, "
           f"{exact.rounds} rounds): {'certified' if exact.optimal else 'not proven'}, best {incumbent:.4f} s, "

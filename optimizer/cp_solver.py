@@ -9,9 +9,12 @@ configuration included. Two uses:
 - the skeleton search (optimizer.cpsat) keeps OR-Tools' handling, `ctrl_c_stops_search`: a
   Ctrl-C stops the search as a time limit would and the best configuration so far is reported;
   `solve` then puts Python's handler back;
-- the layout search leaves Ctrl-C to Python: it raises KeyboardInterrupt when the running solve
-  returns (at its time limit, a few seconds in the layout rounds), and `mofa solve` keeps the
-  configuration with its own split (mofa.commands.solve.solve_output).
+- the layout search leaves Ctrl-C to Python: `solve` runs its solves in a worker thread, so
+  that a Ctrl-C stops the running one at once (stop_search) and raises KeyboardInterrupt in the
+  caller; the layout search then returns the best layout it has, with the bound proven so far
+  (`LayoutSolution.interrupted`), as a time limit would. Before, the KeyboardInterrupt waited
+  for the running solve's own time limit: a round that had the rest of a long --time-limit
+  kept a Ctrl-C waiting that long.
 """
 
 from __future__ import annotations
@@ -36,10 +39,46 @@ def cp_solver(time_limit_s: float | None = None, workers: int = 1, random_seed: 
 
 
 def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model.CpSolverSolutionCallback | None = None):
-    """solver.Solve; where the solver caught SIGINT itself, Python's handler is put back after
-    (OR-Tools leaves the OS default there), so that a later Ctrl-C still raises KeyboardInterrupt."""
+    """solver.Solve. Where the solver catches SIGINT itself, Python's handler is put back after
+    (OR-Tools leaves the OS default there), so that a later Ctrl-C still raises KeyboardInterrupt.
+    Where Ctrl-C is left to Python, on the main thread, the solve runs in a worker thread while
+    this one waits: a Python signal handler runs only between bytecodes of the main thread, so
+    a Solve called there would hold a Ctrl-C until its time limit. On KeyboardInterrupt the
+    search is stopped (stop_search, which OR-Tools allows from another thread), its thread
+    waited for, and the KeyboardInterrupt raised again."""
+    run = (lambda: solver.Solve(model, callback)) if callback is not None else (lambda: solver.Solve(model))
+    main = threading.current_thread() is threading.main_thread()
+    if solver.parameters.catch_sigint_signal:
+        try:
+            return run()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
+    if not main:
+        return run()
+    outcome: dict = {}
+    done = threading.Event()
+
+    def worker():
+        try:
+            outcome["status"] = run()
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=worker, name="cp-sat", daemon=True).start()
     try:
-        return solver.Solve(model, callback) if callback is not None else solver.Solve(model)
-    finally:
-        if solver.parameters.catch_sigint_signal and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
+        # an Event's timed wait, not Thread.join: a KeyboardInterrupt inside join(timeout) can
+        # leave the thread's lock so that a later join returns before the thread ends (measured)
+        while not done.wait(0.05):
+            pass
+    except KeyboardInterrupt:
+        # again until it ends: a stop asked before the solve has begun is lost (OR-Tools 9.15)
+        solver.stop_search()
+        while not done.wait(0.05):
+            solver.stop_search()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["status"]

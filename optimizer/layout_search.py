@@ -59,7 +59,7 @@ from costmodel.stage_layout import (
     stage_ranks,
     unit_costs,
 )
-from optimizer.cp_solver import cp_solver
+from optimizer.cp_solver import cp_solver, solve
 
 TIME_SCALE = 1e9  # integer nanoseconds in the CP-SAT model
 ROUND_STARTS = 3  # local searches from round_seeds' answers where no given layout fits
@@ -81,6 +81,9 @@ class LayoutSolution:
     # or instead of CP-SAT rounds); "recompute-split" (recompute_split_bound); or "work"
     # (work_bound_s: nothing bounded better)
     bound_source: str = "cp-sat"
+    # Ctrl-C ended the search: the best layout found so far and the bound proven by then
+    # (as a time limit would end it)
+    interrupted: bool = False
 
     @property
     def gap(self) -> float:
@@ -283,7 +286,7 @@ def round_below(model: cp_model.CpModel, z, variables, incumbent_s: float, slack
     domain[0], domain[1] = 0, max(int(math.floor(goal_s * TIME_SCALE)), 0)
     found = _Answers(variables)
     solver = cp_solver(time_limit_s, workers)
-    status = solver.Solve(model, found)
+    status = solve(solver, model, found)
     if status == cp_model.INFEASIBLE:
         return status, goal_s, found.answers
     # proven on the restricted model: no layout is priced below it, or the incumbent is within 2 slack
@@ -681,7 +684,7 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
         model.Minimize(sum(rc))
         solver = cp_solver(random_seed=1)  # CP-SAT's default seed, which this solve always ran with
         solver.parameters.max_deterministic_time = 5.0
-        status = solver.Solve(model)
+        status = solve(solver, model)
         if status == cp_model.INFEASIBLE:
             break
         # unproven in its budget: its bound still holds
@@ -804,7 +807,7 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
     solver = cp_solver(max(2 * time_limit_s, 0.1), 1, random_seed)
     solver.parameters.max_deterministic_time = max(time_limit_s, 0.05)
     answers = _Answers(t + rc)
-    if solver.Solve(model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if solve(solver, model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return []
     mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
     return [StageLayout(pp=pp, vp=vp, decoders=a[:stages], mtp=mtp, recompute=a[stages:]) for a in answers.answers]
@@ -1082,7 +1085,7 @@ def vee_rank_bound(ctx: LayoutContext, time_limit_s: float = 2.0, workers: int =
     vm = vee_model(ctx, LinearLayouts(ctx))
     vm.model.Minimize(vm.z)
     solver = cp_solver(time_limit_s, workers)
-    status = solver.Solve(vm.model)
+    status = solve(solver, vm.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return 0.0
     return float(solver.BestObjectiveBound()) / TIME_SCALE
@@ -1552,7 +1555,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # the incumbent (some N >= 1) stays: no N >= 1 beats it, nor a layout without recompute below plain's bound
             lower = min(plain.lower_bound_s, best_makespan)
             return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, lower, lower >= best_makespan,
-                                  time.perf_counter() - start, best_score.fits, plain.rounds, "levels")
+                                  time.perf_counter() - start, best_score.fits, plain.rounds, "levels", plain.interrupted)
         return None
 
     level_floor = -math.inf  # one N: the least of level_work_bounds over the N still open
@@ -1572,221 +1575,227 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         settled = by_levels()
         if settled is not None:
             return settled
-    # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
-    # descent at most local_s (from ROUND_STARTS starts up to that many times local_s, though they
-    # settle well within it: 0.3-0.7 s each on Llama 3 405B cp 1, against 1.5 s)
-    local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
-    if starts:  # the local search from each (the better start is not the better end)
-        for seed in starts:
-            descend(seed, local_s)
-    elif best is not None:
-        for seed in ([zero_start] if zero_start is not None and zero_start != best else []) + [best]:
-            descend(seed, local_s)
-            if check_levels:
-                settled = by_levels()
-                if settled is not None:
-                    return settled
-    elif seeds:  # no seed fits: repair the one least over the capacity
-        over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
-        descend(seeds[int(np.argmin(over))], local_s)
-    if open_levels is not None:
-        model.AddLinearExpressionInDomain(level, cp_model.Domain.FromValues(open_levels))
-    if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
-        ends = {}
-        for rank_ops in ctx.ops:
-            for op in rank_ops:
-                ends[op.kind, op.stage, op.microbatch] = model.NewIntVar(0, horizon, "")
-        for rank_ops in ctx.ops:
-            previous = None
-            for op in rank_ops:
-                duration = f_expr[op.stage] if op.kind == "F" else b_expr[op.stage]
-                end = ends[op.kind, op.stage, op.microbatch]
-                preds = ([previous] if previous is not None else []) + [ends[key] for key in op_inputs(op, stages - 1)]
-                for pred in preds or [0]:
-                    model.Add(end >= pred + duration)
-                previous = end
-            model.Add(z >= previous)
-    model.Minimize(z)
-
-    def _take_answers(answers) -> bool:
-        """Score CP-SAT's answers on the schedule graph in one batch: each one's longest path
-        becomes a cut, the memory rows it breaks come in, the best that fits (the exact model
-        confirming) becomes the incumbent; whether anything was new."""
-        nonlocal best, best_score
-        vectors = np.array(answers, dtype=np.int64)
-        new = False
-        for i in range(0, len(vectors), 64):
-            part = vectors[i:i + 64]
-            counts, recomputed = lin.layout_counts(part)
-            f, b = lin.times(counts, recomputed)
-            values = graph_.makespan(f, b)
-            for n_f, n_b in zip(*graph_.paths(f, b)):
-                new |= cut(n_f, n_b)
-            fits = lin.fits(counts, recomputed)
-            for k in np.argsort(values):
-                if not fits[k]:
-                    new |= add_rows(part[k])
-                    continue
-                if values[k] >= layout_makespan(best_score):
-                    break
-                layout = make(part[k])
-                score = score_of(layout)
-                new |= add_rows(part[k])
-                if score.fits:
-                    best, best_score, new = layout, score, True
-                    break
-        return new
-
-    graph_ = schedule_graph(ctx)
-    if refine and best is not None and chunk_spread is None and not graph and recompute and level is None:
-        # rounds ask only for layouts below the incumbent: ranks that cannot recompute in one
-        # (recomputing_ranks, the dominance of recompute_only_where_needed) recompute nothing
-        maybe = recomputing_ranks(ctx, layout_makespan(best_score), lin)
-        for r in range(pp):
-            if r not in maybe:
-                for s in ctx.stages_of[r]:
-                    model.Add(rc[int(s)] == 0)
-    if refine and best is not None and chunk_spread is None and not graph and level is None:
-        # free layouts: the paths that dwell on one or two overloaded chunks (dwell_paths),
-        # around the incumbent's stage times (not with one N: Llama 3 405B cp 1's one-N bound
-        # fell with them, 18.79-18.80% -> 18.82-19.23% in 10 s)
-        counts, recomputed = lin.layout_counts(np.array(best.decoders + best.recompute)[None])
-        for n_f, n_b in dwell_paths(ctx, tuple(x[:, 0] for x in lin.times(counts, recomputed if recompute else None))):
-            cut(n_f, n_b)
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
     slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
-    if best is not None and best.any_recompute:
-        # the region's LP leaves recompute out, so it cannot reach an incumbent that pays for
-        # some: the region's integer rows for CP-SAT, and the time to its rounds (Llama 3 405B
-        # cp 1, per-chunk recompute, free phase of two_phase: 11.5% -> 6.3-6.6%)
-        region_fraction = min(region_fraction, 0.3)
-    region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
-    if refine and best is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
-        # Free layouts, with an incumbent: the integer consequences of beating it (rank
-        # totals, stage 0) and, within them, the LP relaxation of the schedule graph. Where
-        # the LP reaches the incumbent, that certifies it without a CP-SAT round (Llama 3
-        # 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify in 20 s);
-        # otherwise the region's rows and the LP's paths join the model (the rows hold for
-        # every layout the rounds ask for: those below the incumbent). Under a second for
-        # it, its probes alone would overrun the limit.
-        goal = layout_makespan(best_score) - 2 * slack
-        t_region = time.perf_counter()
-        region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget, tables=tables)
-        if region is None:
-            lp_bound, proven = goal, True
-        else:
+    split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector
+    interrupted = False
+    try:  # Ctrl-C from here on: the incumbent and the bound proven so far, as a time limit would
+        # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
+        # descent at most local_s (from ROUND_STARTS starts up to that many times local_s, though they
+        # settle well within it: 0.3-0.7 s each on Llama 3 405B cp 1, against 1.5 s)
+        local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
+        if starts:  # the local search from each (the better start is not the better end)
+            for seed in starts:
+                descend(seed, local_s)
+        elif best is not None:
+            for seed in ([zero_start] if zero_start is not None and zero_start != best else []) + [best]:
+                descend(seed, local_s)
+                if check_levels:
+                    settled = by_levels()
+                    if settled is not None:
+                        return settled
+        elif seeds:  # no seed fits: repair the one least over the capacity
+            over = [lin.excess(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None])).sum() for seed in seeds]
+            descend(seeds[int(np.argmin(over))], local_s)
+        if open_levels is not None:
+            model.AddLinearExpressionInDomain(level, cp_model.Domain.FromValues(open_levels))
+        if graph:  # the schedule's event graph: every op ends after its rank's previous op and its inputs
+            ends = {}
+            for rank_ops in ctx.ops:
+                for op in rank_ops:
+                    ends[op.kind, op.stage, op.microbatch] = model.NewIntVar(0, horizon, "")
+            for rank_ops in ctx.ops:
+                previous = None
+                for op in rank_ops:
+                    duration = f_expr[op.stage] if op.kind == "F" else b_expr[op.stage]
+                    end = ends[op.kind, op.stage, op.microbatch]
+                    preds = ([previous] if previous is not None else []) + [ends[key] for key in op_inputs(op, stages - 1)]
+                    for pred in preds or [0]:
+                        model.Add(end >= pred + duration)
+                    previous = end
+                model.Add(z >= previous)
+        model.Minimize(z)
+
+        def _take_answers(answers) -> bool:
+            """Score CP-SAT's answers on the schedule graph in one batch: each one's longest path
+            becomes a cut, the memory rows it breaks come in, the best that fits (the exact model
+            confirming) becomes the incumbent; whether anything was new."""
+            nonlocal best, best_score
+            vectors = np.array(answers, dtype=np.int64)
+            new = False
+            for i in range(0, len(vectors), 64):
+                part = vectors[i:i + 64]
+                counts, recomputed = lin.layout_counts(part)
+                f, b = lin.times(counts, recomputed)
+                values = graph_.makespan(f, b)
+                for n_f, n_b in zip(*graph_.paths(f, b)):
+                    new |= cut(n_f, n_b)
+                fits = lin.fits(counts, recomputed)
+                for k in np.argsort(values):
+                    if not fits[k]:
+                        new |= add_rows(part[k])
+                        continue
+                    if values[k] >= layout_makespan(best_score):
+                        break
+                    layout = make(part[k])
+                    score = score_of(layout)
+                    new |= add_rows(part[k])
+                    if score.fits:
+                        best, best_score, new = layout, score, True
+                        break
+            return new
+
+        graph_ = schedule_graph(ctx)
+        if refine and best is not None and chunk_spread is None and not graph and recompute and level is None:
+            # rounds ask only for layouts below the incumbent: ranks that cannot recompute in one
+            # (recomputing_ranks, the dominance of recompute_only_where_needed) recompute nothing
+            maybe = recomputing_ranks(ctx, layout_makespan(best_score), lin)
             for r in range(pp):
-                model.Add(sum(t[r::pp]) >= region.low[r])
-                model.Add(sum(t[r::pp]) <= region.high[r])
-            model.Add(t[0] <= region.stage0_high)
-            pool = [_path_of(ctx, best_score)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(cuts)]
-            found_lb, lp_paths = lp_region_bound(ctx, region, goal, pool=pool,
-                                                 time_limit_s=region_budget - (time.perf_counter() - t_region),
-                                                 lin=lin, min_layers=min_layers, max_layers=max_layers)
-            for n_f, n_b in lp_paths:
+                if r not in maybe:
+                    for s in ctx.stages_of[r]:
+                        model.Add(rc[int(s)] == 0)
+        if refine and best is not None and chunk_spread is None and not graph and level is None:
+            # free layouts: the paths that dwell on one or two overloaded chunks (dwell_paths),
+            # around the incumbent's stage times (not with one N: Llama 3 405B cp 1's one-N bound
+            # fell with them, 18.79-18.80% -> 18.82-19.23% in 10 s)
+            counts, recomputed = lin.layout_counts(np.array(best.decoders + best.recompute)[None])
+            for n_f, n_b in dwell_paths(ctx, tuple(x[:, 0] for x in lin.times(counts, recomputed if recompute else None))):
+                cut(n_f, n_b)
+        if best is not None and best.any_recompute:
+            # the region's LP leaves recompute out, so it cannot reach an incumbent that pays for
+            # some: the region's integer rows for CP-SAT, and the time to its rounds (Llama 3 405B
+            # cp 1, per-chunk recompute, free phase of two_phase: 11.5% -> 6.3-6.6%)
+            region_fraction = min(region_fraction, 0.3)
+        region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+        if refine and best is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
+            # Free layouts, with an incumbent: the integer consequences of beating it (rank
+            # totals, stage 0) and, within them, the LP relaxation of the schedule graph. Where
+            # the LP reaches the incumbent, that certifies it without a CP-SAT round (Llama 3
+            # 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify in 20 s);
+            # otherwise the region's rows and the LP's paths join the model (the rows hold for
+            # every layout the rounds ask for: those below the incumbent). Under a second for
+            # it, its probes alone would overrun the limit.
+            goal = layout_makespan(best_score) - 2 * slack
+            t_region = time.perf_counter()
+            region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget, tables=tables)
+            if region is None:
+                lp_bound, proven = goal, True
+            else:
+                for r in range(pp):
+                    model.Add(sum(t[r::pp]) >= region.low[r])
+                    model.Add(sum(t[r::pp]) <= region.high[r])
+                model.Add(t[0] <= region.stage0_high)
+                pool = [_path_of(ctx, best_score)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(cuts)]
+                found_lb, lp_paths = lp_region_bound(ctx, region, goal, pool=pool,
+                                                     time_limit_s=region_budget - (time.perf_counter() - t_region),
+                                                     lin=lin, min_layers=min_layers, max_layers=max_layers)
+                for n_f, n_b in lp_paths:
+                    cut(n_f, n_b)
+                if found_lb is not None:
+                    # a layout outside the region is no faster than the goal, one inside no faster than found_lb
+                    lp_bound = min(goal, found_lb - slack)
+                    proven = found_lb - slack >= goal
+            if lp_bound is not None:
+                bound = max(bound, lp_bound)
+        if split_fraction is None:  # see the docstring: where it was measured to certify
+            split_fraction = 0.0
+            if chunk_spread is not None and best is not None:
+                split_fraction = 1.0 if max(sum(best.recompute[r::pp]) for r in range(pp)) <= 1 else 0.0
+        split_budget = split_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+        if refine and best is not None and recompute and not graph and not proven and split_budget >= 0.5:
+            goal = layout_makespan(best_score)
+            found_lb, split_paths = recompute_split_bound(ctx, goal, lin, time_limit_s=split_budget, workers=workers, paths=cuts,
+                                                          chunk_spread=chunk_spread, min_layers=min_layers, max_layers=max_layers,
+                                                          hint=best, round_limit_s=round_limit_s)
+            for n_f, n_b in split_paths:
                 cut(n_f, n_b)
             if found_lb is not None:
-                # a layout outside the region is no faster than the goal, one inside no faster than found_lb
-                lp_bound = min(goal, found_lb - slack)
-                proven = found_lb - slack >= goal
-        if lp_bound is not None:
-            bound = max(bound, lp_bound)
-    split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector
-    if split_fraction is None:  # see the docstring: where it was measured to certify
-        split_fraction = 0.0
-        if chunk_spread is not None and best is not None:
-            split_fraction = 1.0 if max(sum(best.recompute[r::pp]) for r in range(pp)) <= 1 else 0.0
-    split_budget = split_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
-    if refine and best is not None and recompute and not graph and not proven and split_budget >= 0.5:
-        goal = layout_makespan(best_score)
-        found_lb, split_paths = recompute_split_bound(ctx, goal, lin, time_limit_s=split_budget, workers=workers, paths=cuts,
-                                                      chunk_spread=chunk_spread, min_layers=min_layers, max_layers=max_layers,
-                                                      hint=best, round_limit_s=round_limit_s)
-        for n_f, n_b in split_paths:
-            cut(n_f, n_b)
-        if found_lb is not None:
-            split_bound = min(found_lb, goal - 2 * slack)
-            bound = max(bound, split_bound)
-            proven = found_lb >= goal - 2 * max(slack, _split_slack(ctx, lin))
-    while not proven:
-        remaining = time_limit_s - (time.perf_counter() - start)
-        if remaining <= 0 and best is not None:
-            break
-        if refine and best is not None and chunk_spread is None:
-            # Free layouts, with an incumbent: ask only for layouts the model prices below it
-            # (z < incumbent - 2 slack). Every answer is then either truly better (the new
-            # incumbent) or priced too low, and its longest path is a new cut that removes it;
-            # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
-            # every answer CP-SAT found, not only its last, so one round brings many cuts.
-            best_makespan = layout_makespan(best_score)
-            # a round cut short loses its presolve and LP with it: where less than two rounds'
-            # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
-            # for ~2.6 s of a 4 s round)
-            capped = not stalled and remaining >= 2 * round_limit_s
-            status, proved, answers = round_below(model, z, vars_, best_makespan, slack, min(remaining, round_limit_s) if capped else remaining,
-                                                  workers, under_s=slack)
-            rounds += 1
-            bound = max(bound, proved)
-            if status == cp_model.INFEASIBLE:
-                proven = True
+                split_bound = min(found_lb, goal - 2 * slack)
+                bound = max(bound, split_bound)
+                proven = found_lb >= goal - 2 * max(slack, _split_slack(ctx, lin))
+        while not proven:
+            remaining = time_limit_s - (time.perf_counter() - start)
+            if remaining <= 0 and best is not None:
                 break
-            if not answers:
+            if refine and best is not None and chunk_spread is None:
+                # Free layouts, with an incumbent: ask only for layouts the model prices below it
+                # (z < incumbent - 2 slack). Every answer is then either truly better (the new
+                # incumbent) or priced too low, and its longest path is a new cut that removes it;
+                # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
+                # every answer CP-SAT found, not only its last, so one round brings many cuts.
+                best_makespan = layout_makespan(best_score)
+                # a round cut short loses its presolve and LP with it: where less than two rounds'
+                # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
+                # for ~2.6 s of a 4 s round)
+                capped = not stalled and remaining >= 2 * round_limit_s
+                status, proved, answers = round_below(model, z, vars_, best_makespan, slack, min(remaining, round_limit_s) if capped else remaining,
+                                                      workers, under_s=slack)
+                rounds += 1
+                bound = max(bound, proved)
+                if status == cp_model.INFEASIBLE:
+                    proven = True
+                    break
+                if not answers:
+                    stalled = True
+                    continue
+                if not _take_answers(answers):
+                    for answer in answers:  # nothing new learnt (integer rounding): exclude them
+                        model.AddForbiddenAssignments(vars_, [answer])
+                continue
+            # regular layouts keep a first round of all the time (their LNS workers find the
+            # incumbent), later ones are capped; free layouts without an incumbent are capped too, so
+            # that the first layout that fits switches to the rounds above (a round that finds
+            # nothing gets the rest of the time)
+            capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
+            solver = cp_solver(min(remaining, round_limit_s) if capped else remaining, workers)
+            if chunk_spread is not None:
+                # regular layouts: the LP of every constraint, the max over the rank rows and the
+                # recompute tables' element constraints included (CP-SAT's level 2), proves more per
+                # round than the default's: Llama 3 405B cp 1 with per-chunk recompute, 10 s on a
+                # loaded 2-core machine, 4.9% -> 1.8% (no change on the certified regular cases)
+                solver.parameters.linearization_level = 2
+            model.ClearHints()
+            hint = best if best is not None else nearest
+            if hint is not None:
+                for var, value in zip(vars_, hint.decoders + hint.recompute):
+                    model.AddHint(var, value)
+            status = solve(solver, model)
+            rounds += 1
+            if status == cp_model.UNKNOWN and best is None and chunk_spread is None and time_limit_s - (time.perf_counter() - start) > 0.1:
                 stalled = True
                 continue
-            if not _take_answers(answers):
-                for answer in answers:  # nothing new learnt (integer rounding): exclude them
-                    model.AddForbiddenAssignments(vars_, [answer])
-            continue
-        # regular layouts keep a first round of all the time (their LNS workers find the
-        # incumbent), later ones are capped; free layouts without an incumbent are capped too, so
-        # that the first layout that fits switches to the rounds above (a round that finds
-        # nothing gets the rest of the time)
-        capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
-        solver = cp_solver(min(remaining, round_limit_s) if capped else remaining, workers)
-        if chunk_spread is not None:
-            # regular layouts: the LP of every constraint, the max over the rank rows and the
-            # recompute tables' element constraints included (CP-SAT's level 2), proves more per
-            # round than the default's: Llama 3 405B cp 1 with per-chunk recompute, 10 s on a
-            # loaded 2-core machine, 4.9% -> 1.8% (no change on the certified regular cases)
-            solver.parameters.linearization_level = 2
-        model.ClearHints()
-        hint = best if best is not None else nearest
-        if hint is not None:
-            for var, value in zip(vars_, hint.decoders + hint.recompute):
-                model.AddHint(var, value)
-        status = solver.Solve(model)
-        rounds += 1
-        if status == cp_model.UNKNOWN and best is None and chunk_spread is None and time_limit_s - (time.perf_counter() - start) > 0.1:
-            stalled = True
-            continue
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if best is not None:
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                if best is not None:
+                    break
+                raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
+            bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
+            layout = make([solver.Value(v) for v in vars_])
+            score = score_of(layout)
+            makespan = layout_makespan(score)
+            if score.fits and (best_score is None or makespan < layout_makespan(best_score)):
+                best, best_score = layout, score
+            if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
+                if not add_rows(layout.decoders + layout.recompute):
+                    model.AddForbiddenAssignments(vars_, [layout.decoders + layout.recompute])
+                continue
+            add_rows(layout.decoders + layout.recompute)
+            if not refine:
+                proven = status == cp_model.OPTIMAL
                 break
-            raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
-        bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
-        layout = make([solver.Value(v) for v in vars_])
-        score = score_of(layout)
-        makespan = layout_makespan(score)
-        if score.fits and (best_score is None or makespan < layout_makespan(best_score)):
-            best, best_score = layout, score
-        if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
-            if not add_rows(layout.decoders + layout.recompute):
-                model.AddForbiddenAssignments(vars_, [layout.decoders + layout.recompute])
-            continue
-        add_rows(layout.decoders + layout.recompute)
-        if not refine:
-            proven = status == cp_model.OPTIMAL
-            break
-        best_makespan = layout_makespan(best_score)
-        if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
-            proven = True
-            break
-        added = cut(*_path_of(ctx, score))
-        if not added and status == cp_model.OPTIMAL:
-            proven = True  # its own path was already a cut: CP-SAT's value is its makespan
-            break
+            best_makespan = layout_makespan(best_score)
+            if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
+                proven = True
+                break
+            added = cut(*_path_of(ctx, score))
+            if not added and status == cp_model.OPTIMAL:
+                proven = True  # its own path was already a cut: CP-SAT's value is its makespan
+                break
+    except KeyboardInterrupt:
+        if best is None:  # nothing that fits to give back
+            raise
+        interrupted = True
     if paths is not None:
         paths.update(cuts)
     makespan = layout_makespan(best_score)
@@ -1798,7 +1807,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if level_floor - slack > bound:
             bound, source = level_floor - slack, "level-work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
-                          proven, time.perf_counter() - start, best_score.fits, rounds, source)
+                          proven, time.perf_counter() - start, best_score.fits, rounds, source, interrupted)
 
 
 def clipped_prefix(model: cp_model.CpModel, value, a: int, b: int, upper: int, tag: str):
@@ -2034,7 +2043,7 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
         found = _Answers(t + x)
         left = time_limit_s - (time.perf_counter() - start)
         solver = cp_solver(min(left, round_limit_s) if left >= 2 * round_limit_s else left, workers)
-        status = solver.Solve(model, found)
+        status = solve(solver, model, found)
         if status == cp_model.INFEASIBLE:
             return goal_s - 2 * slack, new_paths
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
@@ -2402,11 +2411,11 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
             model.Add(z >= m * work[r] - overhead + int(const[0]) + delta * first + delta * (pos - 1)).OnlyEnforceIf(h)
             model.Add(pos >= 1 + sum(layered)).OnlyEnforceIf(h.Not())  # ranks without layers after those with
 
-    def solve(objective, maximize):
+    def extreme(objective, maximize):
         (model.Maximize if maximize else model.Minimize)(objective)
         solver = cp_solver(random_seed=1)  # CP-SAT's default seed, which this solve always ran with
         solver.parameters.max_time_in_seconds = max(time_limit_s / (pp + 1), 0.01)
-        status = solver.Solve(model)
+        status = solve(solver, model)
         if status == cp_model.INFEASIBLE:
             return None
         if status == cp_model.OPTIMAL:
@@ -2416,12 +2425,12 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
             return n if maximize else 0
         return min(int(math.floor(bound + 1e-6)), n) if maximize else max(int(math.ceil(bound - 1e-6)), 0)
 
-    stage0_high = solve(first, True)
+    stage0_high = extreme(first, True)
     if stage0_high is None:
         return None
     low = []
     for r in range(pp):
-        low.append(solve(total[r], False))
+        low.append(extreme(total[r], False))
         if low[-1] is None:
             return None
     # the most layers of a rank: its busy time with the cheapest layers, and what the others'
@@ -2708,7 +2717,8 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
     search's), the free one never worse; its bound is the one that holds for every layout
     (a bound of the regular phase holds among regular layouts only, so it is not carried
     over; where the free phase's CP-SAT rounds proved less than work_bound_s, that is its
-    bound and bound_source says so)."""
+    bound and bound_source says so). A Ctrl-C in the regular phase skips the free one: its
+    answer is returned as both, the second with work_bound_s."""
     start = time.perf_counter()
     regular_seeds = tuple(s for s in seeds if regular(s, 1))
     scores = {} if scores is None else scores
@@ -2720,6 +2730,10 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
                              table_cache=tables)
     except LayoutError:
         pass  # no regular layout fits: the free search alone
+    if first is not None and first.interrupted:  # Ctrl-C: no free phase; its answer, bounded for every layout
+        floor = min(work_bound_s(ctx), first.makespan_s)
+        return first, dataclasses.replace(first, lower_bound_s=floor, optimal=floor >= first.makespan_s * (1 - 1e-9), bound_source="work",
+                                          solve_s=0.0)  # the free phase did not run
     more = (first.layout,) if first is not None else ()
     # what the regular search left (it stops early once certified) goes to the free search
     left = max(time_limit_s - (time.perf_counter() - start), free_floor * time_limit_s)
@@ -2783,6 +2797,38 @@ _BOUND_NOTES = {
 }
 
 
+def one_n_after_ctrl_c(ctx: LayoutContext, own: StageLayout, found: tuple[LayoutSolution, ...], scores: dict) -> LayoutSolution:
+    """A Ctrl-C ended the search over per-stage recompute counts before the search with one N
+    (layout_report) on an answer no one N gives, which Megatron cannot launch. The one-N
+    layouts at hand: the configuration's own split, the layers of each answer `found` with the
+    fewest N that fits them (fewest_recompute, uniform) and the one-N search's packed seeds
+    (packed_seeds, N = 1 and 2: Llama 3 405B cp 1, 7.40 s against the split's 7.67 s), ranked
+    on the schedule graph with the linear memory test (milliseconds, so that a Ctrl-C still
+    ends the search at once), the fastest the exact model confirms taken; with the per-stage
+    search's bound (it holds for the one-N layouts among its own: within_superset).
+    KeyboardInterrupt where none of them fits (mofa solve then keeps the configuration's own
+    split)."""
+    lin = LinearLayouts(ctx)
+    score_of = memo_scorer(ctx, scores)
+    repaired = [fewest_recompute(ctx, s.layout.with_recompute([0] * s.layout.stages), lin, uniform=True) for s in found]
+    standard = found[0].layout.mtp
+    candidates = [x for x in dict.fromkeys((own, *repaired, *packed_seeds(ctx, (1, 2))))
+                  if x is not None and x.mtp == standard and x.stages == lin.stages]
+    counts, recomputed = lin.layout_counts(np.array([x.decoders + x.recompute for x in candidates]))
+    f, b = lin.times(counts, recomputed)
+    fits = lin.fits(counts, recomputed)
+    order = np.argsort(schedule_graph(ctx).makespan(f, b), kind="stable")  # ties: the order above, deterministic
+    layout = next((candidates[k] for k in order if fits[k] and score_of(candidates[k]).fits), None)
+    if layout is None:
+        raise KeyboardInterrupt
+    score = score_of(layout)
+    makespan = layout_makespan(score)
+    floor = min(work_bound_s(ctx, lin), makespan)
+    answer = LayoutSolution(layout, score.step_time_s, makespan, score.bound_s, floor, floor >= makespan * (1 - 1e-9), 0.0, True, 0, "work",
+                            interrupted=True)
+    return within_superset(answer, found[0])
+
+
 def within_superset(solution: LayoutSolution, superset: LayoutSolution) -> LayoutSolution:
     """A search's answer with the bound of a search over a larger space of the same skeleton
     where that is higher (the one-N layouts are among the per-stage recompute layouts): no
@@ -2840,7 +2886,12 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     answers, sharing their scores and cuts) gives the answer reported and launched, with the better of the two
     bounds; where the first answer's counts are not of that form, the report says so
     (`recompute_expressible`: false) and keeps it as `best_any_recompute`. DualPipeV skeletons
-    get vee_layout_search instead (a descent, then CP-SAT rounds over the V: vee_rounds)."""
+    get vee_layout_search instead (a descent, then CP-SAT rounds over the V: vee_rounds).
+    Ctrl-C ends the search at once with the best layout so far and its proven gap
+    (`interrupted`: true) and skips the searches after it; where that answer recomputes per
+    stage what no one N gives (the search with one N had not run), the answer launched is
+    one_n_after_ctrl_c's. In the DualPipeV search a Ctrl-C raises KeyboardInterrupt: mofa solve
+    then keeps the configuration's own split."""
     from costmodel.stage_layout import space_size
 
     try:
@@ -2856,7 +2907,9 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
                                                    scores=scores, paths=paths, tables=tables)
         free = solution
         expressible = not ctx.recompute_allowed or free.layout.uniform_recompute() is not None
-        if ctx.recompute_allowed and not ctx.vee:
+        if free.interrupted and not expressible:  # before the search with one N: its answer's layers with the fewest N that fits
+            solution = one_n_after_ctrl_c(ctx, own, (free,) + ((regular_solution,) if regular_solution is not None else ()), scores)
+        if ctx.recompute_allowed and not ctx.vee and not free.interrupted:
             # the layouts Megatron launches (one N) are searched whether or not the answer above
             # is one of them: their own bounds (level_work_bounds) can certify what the search
             # over any per-stage counts does not (DeepSeek-V3: no N >= 1 beats the optimum without)
@@ -2884,6 +2937,7 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         "bound": _BOUND_NOTES[solution.bound_source],
         "optimal": solution.optimal,
         "rounds": solution.rounds,
+        "interrupted": solution.interrupted,
         "search_time_s": solution.solve_s + (regular_solution.solve_s if regular_solution else 0.0) + (free.solve_s if free is not solution else 0.0),
         "regular": None if regular_solution is None else {
             "note": "among layouts whose chunks on one rank differ by at most one layer",

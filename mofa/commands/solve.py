@@ -184,6 +184,8 @@ def render_layout(report: dict) -> str:
     if "refused" in report:
         return f"pipeline layout search: {report['refused']}"
     status = "optimal" if report["optimal"] else f"gap {100 * (report['gap'] or 0):.2f}%"
+    if report.get("interrupted"):
+        status += ", stopped by Ctrl-C: the best so far"
     verdict = "launched" if report["applied"] else "not better than the split: not launched"
     return (f"pipeline layout ({status}, {report['search_time_s']:.1f} s, {report['space_size']:.1e} layouts): "
             f"{report['step_time_s']:.4f} s against {report['megatron_split_step_time_s']:.4f} s for the split "

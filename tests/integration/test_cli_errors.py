@@ -438,3 +438,83 @@ def test_ctrl_c_in_the_layout_search_keeps_the_configuration(monkeypatch):
     assert out["status"] == "optimal" and out["best"] is not None and plans
     assert out["pipeline_layout"]["interrupted"] and "interrupted (Ctrl-C)" in render_layout(out["pipeline_layout"])
     assert plans[0].pipeline_layout is None
+
+
+LLAMA2_PP4_VP2 = ["search.pp=[4]", "search.vp=[2]", "features.zero_stage=[1]", "features.activation_offload=off",
+                  "search.pp_schedule=[interleaved_1f1b]"]
+
+
+def test_ctrl_c_in_a_layout_round_launches_the_best_layout_so_far(monkeypatch):
+    """`mofa solve --pipeline-layouts` on Llama 2 70B, pp 4 x vp 2: a Ctrl-C in the layout
+    search's first CP-SAT solve (a round of its regular phase, the split an incumbent) ends it
+    with the best layout so far, reported as stopped by Ctrl-C with its proven gap and
+    launched where it beats the split, as a time limit would; the configuration is the one
+    solved."""
+    import optimizer.layout_search
+    from conftest import PROBLEMS
+    from mofa.commands._common import load_for_search
+    from mofa.commands.solve import render_layout, solve_output
+
+    path = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
+    sets = LLAMA2_PP4_VP2 + ["features.recompute=[none, selective]"]
+    calls, real = [], optimizer.layout_search.solve
+
+    def solve(solver, model, callback=None):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(solver, model, callback)
+
+    whole, _ = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
+    monkeypatch.setattr(optimizer.layout_search, "solve", solve)
+    out, plans = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
+    report = out["pipeline_layout"]
+    assert len(calls) == 1 and out["status"] == "optimal" and out["best"]["config"] == whole["best"]["config"]
+    assert report["interrupted"] and not whole["pipeline_layout"]["interrupted"]
+    assert "stopped by Ctrl-C: the best so far" in render_layout(report)
+    assert report["step_time_s"] <= report["megatron_split_step_time_s"] and 0.0 <= report["gap"] <= 1.0
+    assert report["step_time_s"] >= whole["pipeline_layout"]["step_time_s"] * (1 - 1e-9) or not whole["pipeline_layout"]["optimal"]
+    if whole["pipeline_layout"]["optimal"]:  # its bound is the least makespan: no proven bound exceeds it
+        assert report["makespan_lower_bound_s"] <= whole["pipeline_layout"]["makespan_lower_bound_s"] * (1 + 1e-9)
+    if report["applied"]:
+        assert plans[0].pipeline_layout == report["layout"] or report["launched_as"] != "pipeline_layout"
+
+
+def test_ctrl_c_before_the_one_n_search_launches_one_n(monkeypatch):
+    """With full recompute: a Ctrl-C that ends the search over per-stage recompute counts
+    (its answer marked interrupted here, as solve_layout marks it) skips the search with one N;
+    the answer launched is one Megatron's --recompute-num-layers gives (one_n_after_ctrl_c),
+    reported as stopped by Ctrl-C."""
+    import dataclasses
+
+    import optimizer.layout_search
+    from conftest import PROBLEMS
+    from mofa.commands._common import load_for_search
+    from mofa.commands.solve import render_layout, solve_output
+
+    path = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
+    sets = LLAMA2_PP4_VP2 + ["features.recompute=[full]"]
+    real_two_phase, real_solve_layout, after = optimizer.layout_search.two_phase, optimizer.layout_search.solve_layout, []
+
+    def two_phase(*args, **kwargs):
+        first, second = real_two_phase(*args, **kwargs)
+        after.append("two_phase")
+        return first, dataclasses.replace(second, interrupted=True)
+
+    def solve_layout(*args, **kwargs):
+        if after:  # a search after two_phase (its own two searches are not counted)
+            after.append("solve_layout")
+        return real_solve_layout(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer.layout_search, "two_phase", two_phase)
+    monkeypatch.setattr(optimizer.layout_search, "solve_layout", solve_layout)
+    out, plans = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
+    report = out["pipeline_layout"]
+    assert after == ["two_phase"]  # the search with one N did not run
+    assert report["interrupted"] and "stopped by Ctrl-C: the best so far" in render_layout(report)
+    assert report["recompute_num_layers"] is not None and 0.0 <= report["gap"] <= 1.0
+    assert report["step_time_s"] <= report["megatron_split_step_time_s"] * (1 + 1e-12)
+    if not report["recompute_expressible"]:
+        assert report["best_any_recompute"]["step_time_s"] <= report["step_time_s"] * (1 + 1e-12)
+    if report["applied"]:
+        assert plans[0].recompute_num_layers == (report["recompute_num_layers"] or None)

@@ -1,0 +1,157 @@
+"""Ctrl-C in the layout search: it ends the search as a time limit would, with the best layout
+found so far and the bound proven by then (LayoutSolution.interrupted), and a running CP-SAT
+solve stops at once instead of at its own time limit (optimizer.cp_solver.solve).
+
+The Ctrl-C is injected where it lands in practice, in the CP-SAT solves: the layout search's
+`solve` is wrapped to raise KeyboardInterrupt at its k-th call, for every k the search reaches.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+import optimizer.layout_search as layout_search
+from optimizer.layout_search import enumerate_layouts, solve_layout, two_phase
+
+from test_layout_search import best_by_enumeration, context
+
+
+def interrupting(monkeypatch, at: int) -> list:
+    """Make the layout search's at-th CP-SAT solve raise KeyboardInterrupt (as a Ctrl-C while
+    it runs does); returns the list that counts the calls."""
+    calls, real = [], layout_search.solve
+
+    def solve(solver, model, callback=None):
+        calls.append(1)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return real(solver, model, callback)
+
+    monkeypatch.setattr(layout_search, "solve", solve)
+    return calls
+
+
+def uninterrupted(search, *args, **kwargs):
+    """search(*args, **kwargs), where a KeyboardInterrupt that escapes it fails the test (and
+    does not end the session, as pytest lets one do)."""
+    try:
+        return search(*args, **kwargs)
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt escaped the search")
+
+
+def slowest_fitting(ctx, among=lambda layout: True):
+    """(makespan, layout) of the slowest layout that fits (`among` those)."""
+    return max(((score.pipeline_s - score.pp_exposed_s, layout) for layout, score in enumerate_layouts(ctx) if score.fits and among(layout)),
+               key=lambda x: x[0])
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 39000])
+def test_ctrl_c_in_a_round_returns_the_best_so_far(tmp_path, monkeypatch, memory_mib):
+    """Free layouts from the slowest layout that fits (so the rounds have work to do): a Ctrl-C
+    in any of the search's CP-SAT solves returns a layout that fits, no slower than the seed,
+    with a bound below every fitting layout's makespan (all enumerated), marked interrupted;
+    after the last solve a search is not interrupted."""
+    ctx = context(tmp_path, 2, 2, memory_mib)
+    best, _ = best_by_enumeration(ctx, "makespan")
+    seed_makespan, seed = slowest_fitting(ctx)
+    calls = interrupting(monkeypatch, 0)
+    whole = solve_layout(ctx, time_limit_s=20, seeds=(seed,))
+    total = len(calls)
+    assert total >= 1 and whole.optimal and not whole.interrupted
+    for at in range(1, total + 1):
+        interrupting(monkeypatch, at)
+        solution = uninterrupted(solve_layout, ctx, time_limit_s=20, seeds=(seed,))
+        assert solution.interrupted, at
+        assert solution.fits and best * (1 - 1e-12) <= solution.makespan_s <= seed_makespan * (1 + 1e-12)
+        assert solution.lower_bound_s <= best * (1 + 1e-9)
+        assert not solution.optimal or solution.makespan_s == pytest.approx(best, rel=1e-6)
+
+
+def test_ctrl_c_before_any_layout_fits_is_raised(tmp_path, monkeypatch):
+    """No seed: a Ctrl-C in the first solve, before any layout that fits is known, has nothing
+    to give back and reaches the caller."""
+    ctx = context(tmp_path, 2, 2, 81559)
+    interrupting(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt):
+        solve_layout(ctx, time_limit_s=20)
+
+
+def test_ctrl_c_in_the_regular_phase_skips_the_free_one(tmp_path, monkeypatch):
+    """two_phase: a Ctrl-C during the regular phase returns its best so far as both answers;
+    the free one's bound is the work bound, which holds for every layout (the regular
+    phase's holds among regular layouts only)."""
+    from optimizer.layout_search import regular, work_bound_s
+
+    ctx = context(tmp_path, 2, 2, 81559)
+    best, _ = best_by_enumeration(ctx, "makespan")
+    _, seed = slowest_fitting(ctx, lambda layout: regular(layout, 1))  # the regular phase's incumbent
+    calls = interrupting(monkeypatch, 1)
+    first, second = uninterrupted(two_phase, ctx, 20.0, 2, (seed,))
+    assert len(calls) == 1 and first.interrupted and second.interrupted
+    assert second.layout == first.layout and second.bound_source == "work"
+    assert second.lower_bound_s == pytest.approx(min(work_bound_s(ctx), first.makespan_s)) and second.lower_bound_s <= best * (1 + 1e-9)
+
+
+def test_a_ctrl_c_stops_a_running_solve_at_once():
+    """cp_solver.solve with Ctrl-C left to Python (the layout search's): a SIGINT one second
+    into a solve with a 60 s limit that cannot finish sooner (a 13-mark Golomb ruler, one
+    worker) raises KeyboardInterrupt within seconds, not at the limit. In a child process."""
+    code = (
+        "import os, signal, threading, time\n"
+        "from ortools.sat.python import cp_model\n"
+        "from optimizer.cp_solver import cp_solver, solve\n"
+        "n, top = 13, 200\n"
+        "m = cp_model.CpModel(); x = [m.NewIntVar(0, top, f'x{i}') for i in range(n)]\n"
+        "m.Add(x[0] == 0)\n"
+        "for i in range(n - 1): m.Add(x[i + 1] > x[i])\n"
+        "d = [m.NewIntVar(1, top, '') for i in range(n) for j in range(i + 1, n)]\n"
+        "k = 0\n"
+        "for i in range(n):\n"
+        "    for j in range(i + 1, n):\n"
+        "        m.Add(d[k] == x[j] - x[i]); k += 1\n"
+        "m.AddAllDifferent(d); m.Minimize(x[-1])\n"
+        "threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "t0 = time.perf_counter()\n"
+        "try:\n"
+        "    status = solve(cp_solver(60.0, 1), m); print('ended', status, round(time.perf_counter() - t0))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('KeyboardInterrupt after', round(time.perf_counter() - t0))\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    what, seconds = child.stdout.rsplit(" ", 1)
+    assert what == "KeyboardInterrupt after" and int(seconds) < 30, child.stdout
+
+
+def test_one_n_after_ctrl_c_launches_what_megatron_can(tmp_path):
+    """A Ctrl-C before the search with one N, on a per-stage answer no one N gives (pp 2 x vp 2
+    with per-stage recompute at 44000 MiB, where only layouts that recompute fit, every layout
+    and recompute vector enumerated): the answer is the fastest that fits of its layers with the
+    fewest N that fits, the configuration's own split and the packed seeds; one N gives it,
+    and its bound (the per-stage answer's, which holds for every layout) is below the least
+    makespan of every one-N layout that fits."""
+    from costmodel.stage_layout import score_layout
+    from optimizer.layout_search import LayoutSolution, fewest_recompute, layout_makespan, one_n_after_ctrl_c, packed_seeds
+
+    from test_layout_search import recompute_context
+
+    ctx = recompute_context(tmp_path, 2, 2, 44000)
+    scored = [(layout, score) for layout, score in enumerate_layouts(ctx) if score.fits]
+    least_any = min(layout_makespan(score) for _, score in scored)
+    least_one_n = min(layout_makespan(score) for layout, score in scored if layout.uniform_recompute() is not None)
+    per_stage = [(layout, score) for layout, score in scored if layout.uniform_recompute() is None]
+    # the configuration's own split: here the slowest one-N layout that fits (7 layers have no first/last 2 split on 4 stages)
+    own = max(((layout, score) for layout, score in scored if layout.uniform_recompute() is not None), key=lambda x: layout_makespan(x[1]))[0]
+    for layout, score in per_stage[::max(1, len(per_stage) // 12)]:
+        found = LayoutSolution(layout, score.step_time_s, layout_makespan(score), score.bound_s, least_any, False, 1.0, True, 3,
+                               interrupted=True)
+        answer = one_n_after_ctrl_c(ctx, own, (found,), {})
+        assert answer.interrupted and answer.fits and answer.layout.uniform_recompute() is not None
+        assert score_layout(ctx, answer.layout).fits
+        assert least_one_n * (1 - 1e-12) <= answer.makespan_s
+        assert answer.lower_bound_s == pytest.approx(min(least_any, answer.makespan_s)) and answer.bound_source == "per-stage"
+        repaired = fewest_recompute(ctx, layout.with_recompute([0] * 4), uniform=True)
+        candidates = [x for x in (own, repaired, *packed_seeds(ctx, (1, 2))) if x is not None and score_layout(ctx, x).fits]
+        assert answer.layout in candidates
+        assert answer.makespan_s == pytest.approx(min(layout_makespan(score_layout(ctx, x)) for x in candidates), rel=1e-12)
