@@ -571,14 +571,151 @@ def rank_update_s(ctx: LayoutContext, ledger, forward_s: float, backward_s: floa
     gradients hides behind its cool-down backward, eq. 24's window of (vp - 1) * pp / vp rank
     passes interleaved, one pass otherwise. A layout that puts more layers on a rank gives it
     more to reduce and update, so the step's share is the busiest rank's, not the skeleton's."""
+    return _scalar(rank_update_batch_s(ctx, ledger.dense_params, ledger.expert_params, forward_s, backward_s))
+
+
+def rank_update_batch_s(ctx: LayoutContext, dense_params, expert_params, forward_s, backward_s) -> np.ndarray:
+    """rank_update_s over arrays: ranks holding these parameters (dense, expert) and running
+    these seconds of one micro-batch's forward / backward over their chunks."""
     cfg, tr, hw = ctx.cfg, ctx.problem.training, ctx.problem.hardware
     x = cfg.derived()
     cooldown = cooldown_passes(cfg, x)
     comp = ComputeModel(hw, tr.dtypes.compute, DTYPE_BYTES[tr.dtypes.compute], tr.attention_impl)
     dtypes = (tr.bytes_of("params"), tr.bytes_of("grads"), tr.bytes_of("optimizer"))
-    ot = optimizer_time(ledger.dense_params, ledger.expert_params, x, ctx.groups, ctx.net, hw, dtypes, comp, cooldown * backward_s,
-                        cooldown * forward_s, cfg.vp, ctx.problem.model.moe is not None, tr.optimizer_impl)
-    return _scalar(ot.dp_exposed + ot.update)
+    ot = optimizer_time(np.asarray(dense_params, dtype=float), np.asarray(expert_params, dtype=float), x, ctx.groups, ctx.net, hw, dtypes,
+                        comp, cooldown * np.asarray(backward_s, dtype=float), cooldown * np.asarray(forward_s, dtype=float), cfg.vp,
+                        ctx.problem.model.moe is not None, tr.optimizer_impl)
+    value = np.asarray(ot.dp_exposed + ot.update, dtype=float)
+    return np.broadcast_to(value, np.broadcast(value, np.asarray(dense_params), np.asarray(forward_s)).shape)
+
+
+#: the most (layer counts, recompute counts) pairs per rank that step_overhead_floor_s enumerates;
+#: beyond it (a model with many kinds of layers) the update term's floor is left at zero
+FLOOR_PAIRS = 2_000_000
+
+
+def step_overhead_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
+    """A lower bound on what any layout of the skeleton (any per-stage recompute) adds to its
+    simulated makespan in the step: the exposed P2P (layout_pp_exposed, which reads the mean
+    chunk: least over the model's recomputed layers of each kind) plus the busiest rank's DP
+    reduce and update (rank_update_s: least, over every way of sharing the layers of each kind
+    among the ranks, of the largest over the ranks, each rank at its least over its own
+    recompute counts). Each term at its own least, so for every layout
+        step >= makespan + this,
+    and a makespan bound plus this bounds the step (the layout search's step gap: it minimises
+    the makespan). Exact for the update term where the ranks' layer totals are its only
+    freedom; it leaves out memory and the per-stage limits, so it can be below every layout
+    that fits. The embedding's rank, the head's and the MTP modules' (the last rank) are fixed."""
+    return pp_exposed_floor_s(ctx) + update_floor_s(ctx, least_recompute)
+
+
+def _decoder_grid(ctx: LayoutContext) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(decoder kinds, their layer totals, every vector of counts up to those totals [C, kinds])."""
+    kinds = sorted(set(ctx.kind_of_layer))
+    totals = np.bincount(np.asarray(ctx.kind_of_layer), minlength=len(ctx.kinds))[kinds]
+    grid = np.indices(tuple(totals + 1)).reshape(len(kinds), -1).T
+    return kinds, totals, grid
+
+
+def pp_exposed_floor_s(ctx: LayoutContext) -> float:
+    """The least exposed P2P of any layout (layout_pp_exposed): it reads the mean stage's
+    forward, which every layout shares, and its backward, which grows with the recomputed
+    layers; least over every count of recomputed layers of each kind."""
+    u = unit_costs(ctx)
+    kinds, totals, grid = _decoder_grid(ctx)
+    stages = ctx.pp * ctx.vp
+    mtp = ctx.problem.model.mtp_layers
+    counts = np.zeros((1, len(ctx.kinds)))
+    counts[0, kinds] = totals
+    if ctx.mtp_kind is not None:
+        counts[0, ctx.mtp_kind] += mtp
+    forward, backward = chunk_times(u, counts, np.array([float(mtp)]), np.array([True]), np.array([True]))
+    forward_s, backward_s = forward[0] + (stages - 1) * u["overhead"], backward[0] + (stages - 1) * u["overhead"]
+    weight_s = float(counts[0] @ u["kind_weight"] + u["head_weight"]) if ctx.vee else 0.0
+    recomputes = grid @ u["kind_recompute"][kinds] if ctx.recompute_allowed else np.zeros(1)
+    mean = lambda total: np.full(stages, total / stages)  # noqa: E731
+    return min(layout_pp_exposed(ctx, mean(forward_s), mean(backward_s + extra), np.zeros(stages), mean(weight_s) if ctx.vee else None)
+               for extra in np.unique(recomputes))
+
+
+def update_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
+    """The least, over every way of sharing the decoder layers of each kind among the ranks, of
+    the busiest rank's DP reduce and update (rank_update_s), each rank at its least over the
+    layers of each kind it may recompute: a bisection over the candidate values, each tested by
+    a reachability pass over the ranks (which per-kind totals the ranks so far can hold with
+    every one at or below it).
+    `least_recompute` (one kind of decoder layer: per rank, the fewest layers it must recompute
+    to fit at each layer total, the table ending at the first total that fits no more;
+    optimizer.layout_search.least_recompute) restricts every rank to what fits its memory, so
+    the floor holds for the layouts that fit (Llama 3 405B cp 1 without recompute: memory
+    piles up to 12 layers on the last ranks, 0.50 s against the 0.33 s of 8). Without it
+    memory is left out."""
+    u = unit_costs(ctx)
+    kinds, totals, grid = _decoder_grid(ctx)
+    k_all = len(ctx.kinds)
+    stages = ctx.stages_of
+    head_rank = next(r for r, st in enumerate(stages) if ctx.pp * ctx.vp - 1 in st)
+    mtp_layers = ctx.problem.model.mtp_layers
+    if ctx.recompute_allowed:  # (layers, recomputed) pairs: recomputed <= layers kind by kind
+        if len(grid) ** 2 > FLOOR_PAIRS:
+            return 0.0
+        layer_of, again_of = np.nonzero((grid[None, :, :] <= grid[:, None, :]).all(axis=-1))
+    else:
+        layer_of, again_of = np.arange(len(grid)), np.zeros(len(grid), dtype=int)  # grid[0]: nothing recomputed
+    if least_recompute is not None and len(kinds) != 1:
+        raise ValueError("least_recompute tables are per layer total: one kind of decoder layer")
+    values = []
+    for r, st in enumerate(stages):
+        first, last = bool(0 in st), r == head_rank
+        mtp = mtp_layers if last else 0
+        fixed = np.zeros(k_all)
+        if ctx.mtp_kind is not None:
+            fixed[ctx.mtp_kind] += mtp
+        # a rank's parameters are linear in its layers of each kind (its ledger)
+        base = rank_ledger(ctx, fixed, first, last, mtp, 0.0)
+        slopes = [rank_ledger(ctx, fixed + np.eye(k_all)[k], first, last, mtp, 0.0) for k in kinds]
+        dense = _scalar(base.dense_params) + grid @ np.array([_scalar(s.dense_params) - _scalar(base.dense_params) for s in slopes])
+        expert = _scalar(base.expert_params) + grid @ np.array([_scalar(s.expert_params) - _scalar(base.expert_params) for s in slopes])
+        counts = np.tile(fixed, (len(grid), 1))
+        counts[:, kinds] += grid
+        recomputed = np.zeros((len(layer_of), k_all))
+        recomputed[:, kinds] = grid[again_of]
+        n = len(layer_of)
+        forward, backward = chunk_times(u, counts[layer_of], np.full(n, float(mtp)), np.full(n, first), np.full(n, last), recomputed)
+        extra = (len(st) - 1) * u["overhead"]  # the rank's other chunks' overhead, one per pass
+        each = rank_update_batch_s(ctx, dense[layer_of], expert[layer_of], forward + extra, backward + extra)
+        if least_recompute is not None:  # a total the rank cannot fit, or fewer recomputed layers than it needs
+            table = np.asarray(least_recompute[r], dtype=int)
+            fits = layer_of < len(table)
+            fits[fits] &= grid[again_of[fits], 0] >= table[layer_of[fits]]
+            each = np.where(fits, each, np.inf)
+        least = np.full(len(grid), np.inf)
+        np.minimum.at(least, layer_of, each)
+        values.append(least)
+    values = np.array(values)  # [rank, layer-count vector]
+    candidates = np.unique(values[np.isfinite(values)])
+
+    def reachable(cap: float) -> bool:
+        held = np.zeros(tuple(totals + 1), dtype=bool)
+        held[(0,) * len(kinds)] = True
+        for r in range(len(stages)):
+            nxt = np.zeros_like(held)
+            for c in np.flatnonzero(values[r] <= cap):
+                g = grid[c]
+                nxt[tuple(slice(int(a), None) for a in g)] |= held[tuple(slice(0, int(t) + 1 - int(a)) for a, t in zip(g, totals))]
+            held = nxt
+        return bool(held[tuple(int(t) for t in totals)])
+
+    if not reachable(candidates[-1]):  # no layout fits the tables: nothing to bound but the layouts memory aside
+        return update_floor_s(ctx)
+    lo, hi = 0, len(candidates) - 1  # the answer is a candidate: the busiest rank's value
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reachable(candidates[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(candidates[lo])
 
 
 def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

@@ -183,7 +183,9 @@ OUTPUT_FILES = ("result.json", "best.yaml", "megatron_launch.sh", "bridge_overri
 def render_layout(report: dict) -> str:
     if "refused" in report:
         return f"pipeline layout search: {report['refused']}"
-    status = "optimal" if report["optimal"] else f"gap {100 * (report['gap'] or 0):.2f}%"
+    status = "optimal makespan" if report["optimal"] else f"makespan gap {100 * (report['gap'] or 0):.2f}%"
+    # the search minimises the makespan; the step's own gap adds the busiest rank's update above the least
+    status += f", step gap {100 * report['step_gap']:.2f}%"
     if report.get("interrupted"):
         status += ", stopped by Ctrl-C: the best so far"
     verdict = "launched" if report["applied"] else "not better than the split: not launched"
