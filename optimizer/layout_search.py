@@ -1104,8 +1104,8 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
     cuts from the start. `level`: under full recompute, the N every layout recomputes the
     first min(N, layers) of each stage with (Megatron's block method as launched; all layers:
     N = the model's), priced in the times and the memory rows. Until `deadline`
-    (perf_counter seconds). Returns (the
-    best layout, the proven makespan lower bound in seconds, whether certified, rounds)."""
+    (perf_counter seconds), or a Ctrl-C. Returns (the best layout, the proven makespan lower
+    bound in seconds, whether certified, rounds, whether a Ctrl-C ended it)."""
     lin = LinearLayouts(ctx)
     vm = vee_model(ctx, lin, level)
     model, stages = vm.model, ctx.pp * ctx.vp
@@ -1148,34 +1148,37 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
         cut(*path)
     rows.add_broken(tuple(vectors(best.decoders)[0]))
     model.Minimize(vm.z)
-    bound, proven, rounds = 0.0, False, 0
-    while not proven and time.perf_counter() < deadline:
-        best_makespan = makespan_of(best)
-        status, proved, found = round_below(model, vm.z, vm.t, best_makespan, slack, deadline - time.perf_counter(), workers)
-        rounds += 1
-        bound, proven = max(bound, proved), status == cp_model.INFEASIBLE
-        if proven or not found:
-            break  # certified, or the time ran out within the round
-        answers = np.array(found, dtype=np.int64)
-        values, fits, paths = measure(answers)
-        new = False
-        for path in paths:
-            new |= cut(*path)
-        for k in np.argsort(values, kind="stable"):
-            if not fits[k]:
+    bound, proven, rounds, interrupted = 0.0, False, 0, False
+    try:  # Ctrl-C: the incumbent (it fits) and the bound proven so far, as the deadline would
+        while not proven and time.perf_counter() < deadline:
+            best_makespan = makespan_of(best)
+            status, proved, found = round_below(model, vm.z, vm.t, best_makespan, slack, deadline - time.perf_counter(), workers)
+            rounds += 1
+            bound, proven = max(bound, proved), status == cp_model.INFEASIBLE
+            if proven or not found:
+                break  # certified, or the time ran out within the round
+            answers = np.array(found, dtype=np.int64)
+            values, fits, paths = measure(answers)
+            new = False
+            for path in paths:
+                new |= cut(*path)
+            for k in np.argsort(values, kind="stable"):
+                if not fits[k]:
+                    new |= rows.add_broken(tuple(vectors(answers[k])[0]))
+                    continue
+                if values[k] >= best_makespan:
+                    break
+                layout = layout_of(answers[k])
+                if score_of(layout).fits and makespan_of(layout) < best_makespan:
+                    best, new = layout, True
+                    break
                 new |= rows.add_broken(tuple(vectors(answers[k])[0]))
-                continue
-            if values[k] >= best_makespan:
-                break
-            layout = layout_of(answers[k])
-            if score_of(layout).fits and makespan_of(layout) < best_makespan:
-                best, new = layout, True
-                break
-            new |= rows.add_broken(tuple(vectors(answers[k])[0]))
-        if not new:  # nothing learnt (integer rounding): exclude them
-            for answer in found:
-                model.AddForbiddenAssignments(vm.t, [answer])
-    return best, bound, proven, rounds
+            if not new:  # nothing learnt (integer rounding): exclude them
+                for answer in found:
+                    model.AddForbiddenAssignments(vm.t, [answer])
+    except KeyboardInterrupt:
+        interrupted = True
+    return best, bound, proven, rounds, interrupted
 
 
 def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayout, scores: dict | None = None,
@@ -1189,7 +1192,10 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
     best of the rounds', vee_rank_bound's (each rank's work after the forward chain to its
     first stage, least over integer layer counts) and work_bound_s's (the ranks' mean work),
     all for every V layout. On DeepSeek-V3's shipped answer (pp 4, 61 layers) the rounds
-    certify the V split in ~0.2 s, where the rank bound alone left 1.20%."""
+    certify the V split in ~0.2 s, where the rank bound alone left 1.20%.
+    Ctrl-C ends it as the time limit would, with the best layout so far (the start where the
+    local search had not ended) and the bound proven by then (`interrupted`); before any
+    layout that fits is known it reaches the caller."""
     start_time = time.perf_counter()
     score_of = memo_scorer(ctx, scores)
 
@@ -1200,24 +1206,29 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
     if ctx.recompute_allowed:  # the block method's N, or every layer
         level = int(ctx.cfg.recompute_layers[0]) if int(ctx.cfg.recompute_method[0]) == 1 else len(ctx.kind_of_layer)
         start = with_launched_recompute(start, level)
-    # the bound first (a fifth of the time at most; on DeepSeek-V3's pp 4 it is optimal in ~10 ms)
-    mean, ranks = work_bound_s(ctx), vee_rank_bound(ctx, min(2.0, max(0.2 * time_limit_s, 0.05)), workers)
-    remaining = time_limit_s - (time.perf_counter() - start_time)
-    decoders, _, paths, recompute = local_search(ctx, start.decoders, 0.5 * remaining, start_recompute=start.recompute, fixed_level=level)
-    descended = StageLayout(pp=start.pp, vp=start.vp, decoders=decoders, mtp=start.mtp, recompute=recompute, vee=True)
-    best = start
-    if score_of(descended).fits and (not score_of(start).fits or makespan_of(descended) < makespan_of(start)):
-        best = descended
-    moves = int(sum(abs(a - b) for a, b in zip(best.decoders, start.decoders)) // 2)
-    rounds, found, proven = 0, 0.0, False
-    if score_of(best).fits:
-        best, found, proven, rounds = vee_rounds(ctx, best, score_of, start_time + time_limit_s, workers, paths, level)
+    best, mean, ranks = start, work_bound_s(ctx), 0.0
+    rounds, found, proven, interrupted, moves = 0, 0.0, False, False, 0
+    try:
+        # the bound first (a fifth of the time at most; on DeepSeek-V3's pp 4 it is optimal in ~10 ms)
+        ranks = vee_rank_bound(ctx, min(2.0, max(0.2 * time_limit_s, 0.05)), workers)
+        remaining = time_limit_s - (time.perf_counter() - start_time)
+        decoders, _, paths, recompute = local_search(ctx, start.decoders, 0.5 * remaining, start_recompute=start.recompute, fixed_level=level)
+        descended = StageLayout(pp=start.pp, vp=start.vp, decoders=decoders, mtp=start.mtp, recompute=recompute, vee=True)
+        if score_of(descended).fits and (not score_of(start).fits or makespan_of(descended) < makespan_of(start)):
+            best = descended
+        moves = int(sum(abs(a - b) for a, b in zip(best.decoders, start.decoders)) // 2)
+        if score_of(best).fits:
+            best, found, proven, rounds, interrupted = vee_rounds(ctx, best, score_of, start_time + time_limit_s, workers, paths, level)
+    except KeyboardInterrupt:
+        if not score_of(best).fits:  # nothing that fits to give back
+            raise
+        interrupted = True
     best_score = score_of(best)
     makespan = layout_makespan(best_score)
     lower = min(max(mean, ranks, found), makespan)
     source = "vee-cp-sat" if found >= max(mean, ranks) else "vee-rank" if ranks > mean else "vee-work"
     return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, lower, proven or lower >= makespan * (1 - 1e-9),
-                          time.perf_counter() - start_time, best_score.fits, moves + rounds, source)
+                          time.perf_counter() - start_time, best_score.fits, moves + rounds, source, interrupted)
 
 
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
@@ -2920,8 +2931,9 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     Ctrl-C ends the search at once with the best layout so far and its proven gap
     (`interrupted`: true) and skips the searches after it; where that answer recomputes per
     stage what no one N gives (the search with one N had not run), the answer launched is
-    one_n_after_ctrl_c's. In the DualPipeV search a Ctrl-C raises KeyboardInterrupt: mofa solve
-    then keeps the configuration's own split."""
+    one_n_after_ctrl_c's. In the DualPipeV search likewise: its best V layout so far, which
+    recomputes what Megatron launches. A Ctrl-C before any layout fits reaches the caller:
+    mofa solve then keeps the configuration's own split."""
     from costmodel.stage_layout import space_size
 
     try:

@@ -8,11 +8,12 @@ The Ctrl-C is injected where it lands in practice, in the CP-SAT solves: the lay
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 import optimizer.layout_search as layout_search
-from optimizer.layout_search import enumerate_layouts, solve_layout, two_phase
+from optimizer.layout_search import enumerate_layouts, memo_scorer, solve_layout, two_phase, vee_layout_search, vee_rounds
 
 from test_layout_search import best_by_enumeration, context
 
@@ -155,3 +156,42 @@ def test_one_n_after_ctrl_c_launches_what_megatron_can(tmp_path):
         candidates = [x for x in (own, repaired, *packed_seeds(ctx, (1, 2))) if x is not None and score_layout(ctx, x).fits]
         assert answer.layout in candidates
         assert answer.makespan_s == pytest.approx(min(layout_makespan(score_layout(ctx, x)) for x in candidates), rel=1e-12)
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 40000])
+def test_ctrl_c_in_the_dualpipev_search_returns_its_best_so_far(tmp_path, monkeypatch, memory_mib):
+    """DualPipeV on pp 2 (every V layout enumerated): from the slowest V layout that fits, a
+    Ctrl-C in any of vee_layout_search's CP-SAT solves (its rank bound, its rounds) returns a
+    V layout that fits, no slower than the start, with a bound below every fitting V layout's
+    makespan, marked interrupted; uninterrupted it certifies the least."""
+    from costmodel.configs import ConfigBatch
+    from costmodel.loader import load_problem
+    from costmodel.stage_layout import layout_context
+
+    from test_layout_search import TINY
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1, pp_schedule=4)
+    ctx = layout_context(load_problem(str(path), [f"hardware.memory_mib={memory_mib}"]), cfg)
+    assert ctx.vee
+    fitting = [(score.pipeline_s - score.pp_exposed_s, layout) for layout, score in enumerate_layouts(ctx) if score.fits]
+    best = min(value for value, _ in fitting)
+    start_makespan, start = max(fitting, key=lambda x: x[0])
+    calls = interrupting(monkeypatch, 0)
+    whole = vee_layout_search(ctx, 10.0, start)
+    total = len(calls)
+    assert total >= 2 and whole.optimal and not whole.interrupted
+    for at in range(1, total + 1):
+        interrupting(monkeypatch, at)
+        solution = uninterrupted(vee_layout_search, ctx, 10.0, start)
+        assert solution.interrupted and solution.fits and solution.layout.vee, at
+        assert best * (1 - 1e-12) <= solution.makespan_s <= start_makespan * (1 + 1e-12)
+        assert solution.lower_bound_s <= best * (1 + 1e-9)
+    # the rounds alone, from that start: a Ctrl-C in their last solve keeps what they found
+    calls = interrupting(monkeypatch, 0)
+    found, _, proven, _, stopped = vee_rounds(ctx, start, memo_scorer(ctx), time.perf_counter() + 10.0)
+    assert proven and not stopped and found != start
+    interrupting(monkeypatch, len(calls))
+    kept, bound, proven, _, stopped = uninterrupted(vee_rounds, ctx, start, memo_scorer(ctx), time.perf_counter() + 10.0)
+    assert stopped and not proven and kept == found and bound <= best * (1 + 1e-9)
