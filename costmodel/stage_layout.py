@@ -75,6 +75,7 @@ import re
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
+from scipy.signal import fftconvolve
 
 from costmodel.compute import ComputeModel
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
@@ -589,9 +590,10 @@ def rank_update_batch_s(ctx: LayoutContext, dense_params, expert_params, forward
     return np.broadcast_to(value, np.broadcast(value, np.asarray(dense_params), np.asarray(forward_s)).shape)
 
 
-#: the most (layer counts, recompute counts) pairs per rank that step_overhead_floor_s enumerates;
-#: beyond it (a model with many kinds of layers) the update term's floor is left at zero
-FLOOR_PAIRS = 2_000_000
+#: the most (layer counts, recompute counts) pairs per rank that update_floor_s enumerates (arrays of
+#: a few MB; DeepSeek-V3's 3 dense and 58 MoE layers make 56k); beyond it (a model with many
+#: kinds of layers, under full recompute) the update term's floor is left at zero
+FLOOR_PAIRS = 500_000
 
 
 def step_overhead_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
@@ -695,16 +697,18 @@ def update_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
     values = np.array(values)  # [rank, layer-count vector]
     candidates = np.unique(values[np.isfinite(values)])
 
+    shape = tuple(int(t) + 1 for t in totals)
+
     def reachable(cap: float) -> bool:
-        held = np.zeros(tuple(totals + 1), dtype=bool)
-        held[(0,) * len(kinds)] = True
+        """Whether the ranks, each holding a count vector whose value is at most `cap`, can hold
+        every layer: the per-kind totals reachable rank by rank, a sum of sets (a convolution of
+        their indicator arrays, by FFT; counts of ways, so 0.5 separates none from some)."""
+        held = np.zeros(shape)
+        held[(0,) * len(kinds)] = 1.0
         for r in range(len(stages)):
-            nxt = np.zeros_like(held)
-            for c in np.flatnonzero(values[r] <= cap):
-                g = grid[c]
-                nxt[tuple(slice(int(a), None) for a in g)] |= held[tuple(slice(0, int(t) + 1 - int(a)) for a, t in zip(g, totals))]
-            held = nxt
-        return bool(held[tuple(int(t) for t in totals)])
+            allowed = (values[r] <= cap).reshape(shape).astype(float)
+            held = (fftconvolve(held, allowed)[tuple(slice(0, n) for n in shape)] > 0.5).astype(float)
+        return bool(held[tuple(n - 1 for n in shape)] > 0.5)
 
     if not reachable(candidates[-1]):  # no layout fits the tables: nothing to bound but the layouts memory aside
         return update_floor_s(ctx)

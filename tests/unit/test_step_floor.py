@@ -125,3 +125,14 @@ def test_memory_keeps_the_update_floor_to_layouts_that_fit(tmp_path):
     assert update_floor_s(ctx, tables) == pytest.approx(least, rel=1e-9)
     answer = solve_layout(ctx, 10.0, seeds=(fitting[0][0],))
     assert step_floor_s(ctx, [answer]) == pytest.approx(pp_exposed_floor_s(ctx) + least, rel=1e-9)
+
+
+def test_update_floor_is_zero_beyond_its_enumeration(tmp_path, monkeypatch):
+    """Where the (layers, recomputed) count pairs of a rank exceed FLOOR_PAIRS the update term's
+    floor is zero (still a bound), and the step floor the exposed P2P's alone."""
+    import costmodel.stage_layout as stage_layout
+
+    ctx = context(tmp_path, MOE, True, tp=8, pp=2, vp=2, ep=8)
+    assert update_floor_s(ctx) > 0.0
+    monkeypatch.setattr(stage_layout, "FLOOR_PAIRS", 10)
+    assert update_floor_s(ctx) == 0.0 and step_overhead_floor_s(ctx) == pp_exposed_floor_s(ctx)
