@@ -136,3 +136,17 @@ def test_update_floor_is_zero_beyond_its_enumeration(tmp_path, monkeypatch):
     assert update_floor_s(ctx) > 0.0
     monkeypatch.setattr(stage_layout, "FLOOR_PAIRS", 10)
     assert update_floor_s(ctx) == 0.0 and step_overhead_floor_s(ctx) == pp_exposed_floor_s(ctx)
+
+
+def test_memory_floor_under_dualpipev(tmp_path):
+    """DualPipeV on pp 2 at 10000 MiB without recompute: six V layouts fit, each rank 4 layers
+    at most, so the least busiest update is above the floor without memory; with each rank's
+    least_recompute table (over the V's two stages of the rank) the floor meets it."""
+    from optimizer.layout_search import LinearLayouts, least_recompute
+
+    ctx = context(tmp_path, DENSE, False, ["hardware.memory_mib=10000"], tp=8, pp=2, vp=2, pp_schedule=4)
+    assert ctx.vee
+    least = min(s.update_s for _, s in enumerate_layouts(ctx) if s.fits)
+    assert update_floor_s(ctx) < least * (1 - 1e-6)
+    lin = LinearLayouts(ctx)
+    assert update_floor_s(ctx, [least_recompute(ctx, lin, r, 7) for r in range(2)]) == pytest.approx(least, rel=1e-9)
