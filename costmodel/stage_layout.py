@@ -606,8 +606,9 @@ def step_overhead_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
         step >= makespan + this,
     and a makespan bound plus this bounds the step (the layout search's step gap: it minimises
     the makespan). Exact for the update term where the ranks' layer totals are its only
-    freedom; it leaves out memory and the per-stage limits, so it can be below every layout
-    that fits. The embedding's rank, the head's and the MTP modules' (the last rank) are fixed."""
+    freedom; it leaves out the per-stage limits, and memory unless `least_recompute` (see
+    update_floor_s) is given, so it can be below every layout that fits. The embedding's rank,
+    the head's and the MTP modules' (the last rank) are fixed."""
     return pp_exposed_floor_s(ctx) + update_floor_s(ctx, least_recompute)
 
 
