@@ -86,6 +86,21 @@ def test_update_floor_counts_the_window_recompute_opens(tmp_path, text, degrees,
         assert floor == pytest.approx(least, rel=1e-9)
 
 
+def test_update_floor_counts_every_chunk_overhead_in_the_window(tmp_path):
+    """The window a rank's gradient reduce hides behind is one micro-batch over all its chunks,
+    each paying the per-chunk overhead (`stage_overhead_us`, fitted at 0 on the bundled
+    profiles, so set here): with the reduce overlapped and longer than the window, the busiest
+    update moves with that overhead (checked), and the floor, which adds the rank's other
+    chunks' overhead to the one chunk_times carries, still meets the least over the layouts."""
+    text = DENSE.replace("seq_len: 32768", "seq_len: 1024")
+    plain, slow = (context(tmp_path, text, False, [f"hardware.efficiency.stage_overhead_us={us}"], tp=4, pp=2, vp=4, dp_overlap=1)
+                   for us in (0.0, 2000.0))
+    least = [minima(ctx) for ctx in (plain, slow)]
+    assert least[1][1] < least[0][1] * (1 - 1e-3)  # a longer window hides more of the reduce
+    for ctx, (_, update_least, _) in zip((plain, slow), least):
+        assert update_floor_s(ctx) == pytest.approx(update_least, rel=1e-9)
+
+
 def test_layout_report_step_bound_holds_for_every_layout(tmp_path):
     """layout_report's step bound (its makespan bound plus the floor) is below the step of every
     layout that fits in the space it speaks for, the launched one-N answer's and the per-stage
