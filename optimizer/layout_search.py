@@ -499,6 +499,35 @@ class LinearLayouts:
         """[K] whether every rank's linear memory test passes."""
         return (self.excess(counts, recomputed) <= 0).all(axis=1)
 
+    def screen(self, vectors) -> "Screened":
+        """K layouts [K, 2 * stage] (the search's vectors: decoder counts, then recompute counts)
+        on the schedule graph and the linear memory test at once: milliseconds for a batch, where
+        the exact model takes ~0.1-1 s a layout, so that the search ranks what it knows here and
+        confirms only the best with score_layout."""
+        counts, recomputed = self.layout_counts(vectors)
+        recomputed = recomputed if self.recompute else None
+        seconds = self.pass_times(counts, recomputed)
+        graph = schedule_graph(self.ctx)
+        end = graph.ends(*seconds)
+        return Screened(seconds, end[:-1].max(axis=0), self.fits(counts, recomputed), graph, end)
+
+
+@dataclasses.dataclass(frozen=True)
+class Screened:
+    """LinearLayouts.screen's K layouts: per-pass seconds ([stage, K] each), makespans [K] on
+    the schedule graph, whether each passes the linear memory test [K]."""
+
+    seconds: tuple[np.ndarray, ...]
+    makespan_s: np.ndarray
+    fits: np.ndarray
+    graph: ScheduleGraph
+    end: np.ndarray
+
+    def paths(self) -> list[tuple[np.ndarray, ...]]:
+        """Each layout's longest path as op counts per stage and pass (ScheduleGraph.paths): the
+        search's cuts."""
+        return list(zip(*self.graph.paths(*self.seconds, end=self.end)))
+
 
 def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext, lin: "LinearLayouts", rank: int, run_counts,
                                     enforce) -> None:
@@ -1109,7 +1138,6 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
     lin = LinearLayouts(ctx)
     vm = vee_model(ctx, lin, level)
     model, stages = vm.model, ctx.pp * ctx.vp
-    graph = schedule_graph(ctx)
     rows = MemoryRows(model, ctx, lin, vm.counts, vm.recomputed)
     # integer nanoseconds rounded down: a path of <= 3 m stages ops, each under by < 1 ns per term
     slack = 3 * ctx.microbatches * stages * (2 * len(lin.runs) + 1) / TIME_SCALE
@@ -1131,11 +1159,8 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
 
     def measure(decoders: np.ndarray):
         """(graph makespans, linear fits, [(n_F, n_B, n_W)] paths) of K layouts [K, stage]."""
-        counts, recomputed = lin.layout_counts(vectors(decoders))
-        recomputed = recomputed if level is not None else None
-        seconds = lin.pass_times(counts, recomputed)
-        end = graph.ends(*seconds)
-        return end[:-1].max(axis=0), lin.fits(counts, recomputed), list(zip(*graph.paths(*seconds, end=end)))
+        screened = lin.screen(vectors(decoders))
+        return screened.makespan_s, screened.fits, screened.paths()
 
     def makespan_of(layout) -> float:
         return layout_makespan(score_of(layout))
@@ -1463,15 +1488,13 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     graph_seeds = [layout for layout in seeds if layout.mtp == standard and layout.stages == stages]
     candidates = [layout for layout in seeds if layout not in graph_seeds]
     if graph_seeds:
-        counts, recomputed = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout in graph_seeds]))
-        f, b = lin.times(counts, recomputed if recompute else None)
-        for n_f, n_b in zip(*schedule_graph(ctx).paths(f, b)):
+        screened = lin.screen([layout.decoders + layout.recompute for layout in graph_seeds])
+        for n_f, n_b in screened.paths():
             cut(n_f, n_b)
-        fits = lin.fits(counts, recomputed if recompute else None)
-        values = schedule_graph(ctx).makespan(f, b)
-        candidates += [graph_seeds[k] for k in np.argsort(values, kind="stable") if fits[k]]
+        order = np.argsort(screened.makespan_s, kind="stable")
+        candidates += [graph_seeds[k] for k in order if screened.fits[k]]
         # one N: the fastest seed that fits recomputing nothing, a start of its own (below)
-        plain_seeds = [k for k in np.argsort(values, kind="stable") if fits[k] and not graph_seeds[k].any_recompute]
+        plain_seeds = [k for k in order if screened.fits[k] and not graph_seeds[k].any_recompute]
         zero_start = graph_seeds[plain_seeds[0]] if level is not None and plain_seeds else None
     else:
         zero_start = None
@@ -1495,9 +1518,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         found = [a for k in (0, 1) for a in round_seeds(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k)]
         found = list(dict.fromkeys(found))
         if found:
-            counts, recomputed = lin.layout_counts(np.array([a.decoders + a.recompute for a in found]))
-            f, b = lin.times(counts, recomputed if recompute else None)
-            order = np.argsort(schedule_graph(ctx).makespan(f, b), kind="stable")
+            order = np.argsort(lin.screen([a.decoders + a.recompute for a in found]).makespan_s, kind="stable")
             starts = tuple(found[k] for k in order[:ROUND_STARTS])
         for seed in starts:
             score = score_of(seed)
@@ -1639,12 +1660,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             new = False
             for i in range(0, len(vectors), 64):
                 part = vectors[i:i + 64]
-                counts, recomputed = lin.layout_counts(part)
-                f, b = lin.times(counts, recomputed)
-                values = graph_.makespan(f, b)
-                for n_f, n_b in zip(*graph_.paths(f, b)):
+                screened = lin.screen(part)
+                values, fits = screened.makespan_s, screened.fits
+                for n_f, n_b in screened.paths():
                     new |= cut(n_f, n_b)
-                fits = lin.fits(counts, recomputed)
                 for k in np.argsort(values):
                     if not fits[k]:
                         new |= add_rows(part[k])
@@ -1659,7 +1678,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                         break
             return new
 
-        graph_ = schedule_graph(ctx)
         if refine and best is not None and chunk_spread is None and not graph and recompute and level is None:
             # rounds ask only for layouts below the incumbent: ranks that cannot recompute in one
             # (recomputing_ranks, the dominance of recompute_only_where_needed) recompute nothing
@@ -2825,12 +2843,10 @@ def one_n_after_ctrl_c(ctx: LayoutContext, own: StageLayout, found: tuple[Layout
     repaired = [fewest_recompute(ctx, s.layout.with_recompute([0] * s.layout.stages), lin, uniform=True) for s in found]
     standard = found[0].layout.mtp
     candidates = [x for x in dict.fromkeys((own, *repaired, *packed_seeds(ctx, (1, 2))))
-                  if x is not None and x.mtp == standard and x.stages == lin.stages]
-    counts, recomputed = lin.layout_counts(np.array([x.decoders + x.recompute for x in candidates]))
-    f, b = lin.times(counts, recomputed)
-    fits = lin.fits(counts, recomputed)
-    order = np.argsort(schedule_graph(ctx).makespan(f, b), kind="stable")  # ties: the order above, deterministic
-    layout = next((candidates[k] for k in order if fits[k] and score_of(candidates[k]).fits), None)
+                  if x is not None and x.mtp == standard]
+    screened = lin.screen([x.decoders + x.recompute for x in candidates])
+    order = np.argsort(screened.makespan_s, kind="stable")  # ties: the order above, deterministic
+    layout = next((candidates[k] for k in order if screened.fits[k] and score_of(candidates[k]).fits), None)
     if layout is None:
         raise KeyboardInterrupt
     score = score_of(layout)
