@@ -6,7 +6,6 @@ same files with the frameworks' own code."""
 
 import json
 import os
-import shlex
 import stat
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import yaml
 from conftest import PROBLEMS
 from costmodel.loader import load_problem
 from costmodel.specs import ConfigSpec
-from mofa.launch import FORMATS, ExportError, export, export_all
+from mofa.launch import FORMATS, ExportError, export
 from mofa.launch.deepspeed import deepspeed_config
 from mofa.launch.megatron import bridge_overrides, megatron_arg_groups, megatron_env, megatron_flags, megatron_script
 from mofa.launch.plan import LaunchPlan, build_plan

@@ -3,7 +3,6 @@ the split flags' three splits, the layout split for the (pp, vp) none of them ad
 DualPipeV's V split."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -15,7 +15,8 @@ from conftest import ROOT
 from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
 from costmodel.stage_layout import layout_context
-from optimizer.layout_search import LinearLayouts, least_recompute, schedule_graph
+from optimizer.layout_search import LinearLayouts, least_recompute
+from optimizer.schedule_graph import schedule_graph
 
 TINY_DENSE = """name: tiny-dense
 model: {preset: llama3.1-8b, num_layers: 7}

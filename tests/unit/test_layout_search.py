@@ -85,7 +85,7 @@ def test_critical_path_is_the_makespan(prefer_rank):
     import numpy as np
 
     from costmodel.schedule_sim import schedule_ops, simulate
-    from optimizer.layout_search import critical_path
+    from optimizer.schedule_graph import critical_path
 
     ops = schedule_ops("interleaved_1f1b", 4, 2, 8)
     rng = np.random.default_rng(5)
@@ -105,7 +105,7 @@ def test_segment_paths_bound_every_layout():
     import numpy as np
 
     from costmodel.schedule_sim import schedule_ops, simulate
-    from optimizer.layout_search import segment_paths
+    from optimizer.schedule_graph import segment_paths
 
     ops = schedule_ops("interleaved_1f1b", 4, 2, 8)
     paths = list(segment_paths(ops, 8, 8))
@@ -129,7 +129,8 @@ def test_dwell_paths_bound_every_layout(tmp_path, pp, vp, budget):
     where those alone fit, none past that."""
     import numpy as np
 
-    from optimizer.layout_search import dwell_paths, schedule_graph
+    from optimizer.layout_search import dwell_paths
+    from optimizer.schedule_graph import schedule_graph
 
     ctx = context(tmp_path, pp, vp, 81559)
     stages = pp * vp
@@ -175,7 +176,7 @@ def test_schedule_graph_is_the_simulation(schedule, pp, vp, m):
     import numpy as np
 
     from costmodel.schedule_sim import schedule_ops, simulate
-    from optimizer.layout_search import ScheduleGraph
+    from optimizer.schedule_graph import ScheduleGraph
 
     ops = schedule_ops(schedule, pp, vp, m)
     graph = ScheduleGraph(ops, pp * vp)
@@ -207,7 +208,7 @@ def test_schedule_graph_of_dualpipev_is_its_simulation(pp, m):
 
     from costmodel.schedule_sim import schedule_ops, simulate
     from costmodel.stage_layout import rank_stages
-    from optimizer.layout_search import ScheduleGraph
+    from optimizer.schedule_graph import ScheduleGraph
 
     ops = schedule_ops("dualpipev", pp, 2, m)
     graph = ScheduleGraph(ops, 2 * pp)
@@ -598,7 +599,8 @@ def graph_makespans(ctx):
 
     import numpy as np
 
-    from optimizer.layout_search import LinearLayouts, schedule_graph
+    from optimizer.layout_search import LinearLayouts
+    from optimizer.schedule_graph import schedule_graph
 
     n, stages = len(ctx.kind_of_layer), ctx.pp * ctx.vp
     decoders = []
@@ -705,7 +707,7 @@ def test_chunk_segments_hold(schedule, pp, vp, m):
     backward) segment, which the rank-order argument needs; a list that runs a later chunk's
     forward after that segment does not."""
     from costmodel.schedule_sim import schedule_ops
-    from optimizer.layout_search import chunk_segments_hold
+    from optimizer.schedule_graph import chunk_segments_hold
 
     ops = schedule_ops(schedule, pp, vp, m)
     assert chunk_segments_hold(ops, pp, vp, m)

@@ -7,7 +7,6 @@ Expected values are computed here from the equations (hand arithmetic on the spe
 or checked as limits and monotone properties, never copied from the code's output."""
 
 import itertools
-import math
 
 import numpy as np
 import pytest

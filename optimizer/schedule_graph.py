@@ -1,0 +1,226 @@
+"""The schedule's dependency graph, shared by every layout of a skeleton (issue 11): the op
+lists of costmodel.schedule_sim (an entry waits for its rank's previous entry and its ops'
+inputs) levelled once, so that the makespan of any per-stage seconds, and its longest path, is
+a few numpy operations per level for many layouts at once. A longest path, as op counts per
+stage and pass, is linear in the stage times: it bounds every layout's makespan from below,
+the layout search's cuts (optimizer.layout_search)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.schedule_sim import op_inputs
+from costmodel.stage_layout import LayoutContext
+
+def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(forward ops, backward ops) per stage on a longest path of the simulated schedule's
+    dependency graph (each op waits for the rank's previous op and its inputs: F(s-1), and for
+    a backward F(s) and B(s+1)). The graph is the same for every layout of the skeleton, so the
+    path's length, sum over stages of nF*F_s + nB*B_s, bounds every layout's makespan from
+    below: a cut for the layout search. Backtracks from the op that ends last through whichever
+    predecessor its start equals (the rank's previous op first with prefer_rank, else an input:
+    two of the tied paths of a balanced schedule)."""
+    stages = forward_s.shape[0] * forward_s.shape[1]
+    where = {(op.kind, op.stage, op.microbatch): (r, i) for r, rank_ops in enumerate(ops) for i, op in enumerate(rank_ops)}
+    r, i = max(((r, len(e) - 1) for r, e in enumerate(result.end_s) if len(e)), key=lambda x: result.end_s[x[0]][x[1]])
+    tol = 1e-9 * max(result.makespan_s, 1e-30)
+    n_f, n_b = np.zeros(stages), np.zeros(stages)
+    while True:
+        op = ops[r][i]
+        (n_f if op.kind == "F" else n_b)[op.stage] += 1
+        start = result.start_s[r][i]
+        if start <= tol:
+            break
+        preds = op_inputs(op, stages - 1)
+        step = [where[k] for k in preds if abs(result.end_s[where[k][0]][where[k][1]] - start) <= tol]
+        if i > 0 and abs(result.end_s[r][i - 1] - start) <= tol:
+            step.insert(len(step) * (not prefer_rank), (r, i - 1))
+        if not step:
+            raise RuntimeError("critical path lost: an op starts when no predecessor ends")
+        r, i = step[0]
+    return n_f, n_b
+
+
+class ScheduleGraph:
+    """The dependency graph of a schedule's op lists (schedule_sim's rules: an entry waits for
+    its rank's previous entry and its ops' inputs from outside it, op_inputs) at zero hop time,
+    levelled once (an entry's level is one more than its deepest input's), so that the makespan
+    of any per-stage times -- schedule_sim.simulate's at hop 0, the layout search's objective --
+    is a few numpy operations per level, for many layouts at once. ~20x faster than replaying
+    the op lists, which makes the search's cut generation and its local search affordable at
+    m = 480. A node is an entry of the op lists: one op, or DualPipeV's group (a forward run
+    with another stage's backward, a backward with its weight gradient), which lasts the sum of
+    its ops as schedule_sim times it; weight-gradient passes (W) take their own seconds."""
+
+    KINDS = "FBW"
+
+    def __init__(self, ops, stages: int):
+        entries = [(i, entry if isinstance(entry, tuple) else (entry,)) for rank_ops in ops for i, entry in enumerate(rank_ops)]
+        n = len(entries)
+        node_of = {(op.kind, op.stage, op.microbatch): k for k, (_, group) in enumerate(entries) for op in group}
+        rows = []
+        for k, (i, group) in enumerate(entries):
+            inputs = [node_of[key] for op in group for key in op_inputs(op, stages - 1)]
+            rows.append(list(dict.fromkeys(([k - 1] if i > 0 else []) + [p for p in inputs if p != k])))
+        preds = np.full((n, max((len(row) for row in rows), default=1)), n, dtype=np.int64)  # n: a sentinel input that ends at 0
+        for k, row in enumerate(rows):
+            preds[k, :len(row)] = row
+        # each node's ops as indices into [F stages | B stages | W stages | a zero]
+        self.zero = len(self.KINDS) * stages
+        op_index = np.full((n, max((len(g) for _, g in entries), default=1)), self.zero, dtype=np.int64)
+        for k, (_, group) in enumerate(entries):
+            op_index[k, :len(group)] = [self.KINDS.index(op.kind) * stages + op.stage for op in group]
+        waiting = (preds < n).sum(axis=1)
+        successors = [[] for _ in range(n)]
+        for k in range(n):
+            for p in preds[k][preds[k] < n]:
+                successors[p].append(k)
+        level = np.zeros(n, dtype=np.int64)
+        frontier, done = [k for k in range(n) if waiting[k] == 0], 0
+        while frontier:
+            following = []
+            for k in frontier:
+                done += 1
+                for q in successors[k]:
+                    waiting[q] -= 1
+                    level[q] = max(level[q], level[k] + 1)
+                    if waiting[q] == 0:
+                        following.append(q)
+            frontier = following
+        if done != n:
+            raise ValueError("the schedule deadlocks: its dependency graph has a cycle")
+        order = np.argsort(level, kind="stable")
+        edges = np.searchsorted(level[order], np.arange(level.max() + 2))
+        self.levels = [order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
+        self.preds = preds
+        self.op_index = op_index
+        self.has_weight = bool((op_index[op_index < self.zero] >= 2 * stages).any())
+        self.ops = n
+        self.stages = stages
+
+    def _seconds(self, seconds) -> np.ndarray:
+        """[3 stages + 1] (or [.., K]) seconds by op index from the per-stage seconds of each
+        pass (forward, backward; the backward's input-gradient part and the weight gradient
+        where the graph has W passes), and the zero of padding."""
+        seconds = [np.asarray(x, dtype=float) for x in seconds]
+        if len(seconds) != 2 + self.has_weight:
+            raise ValueError("give (forward, backward) seconds, and the weight-gradient seconds where the schedule splits "
+                             f"backward into B and W: {len(seconds)} given")
+        pad = [np.zeros_like(seconds[0])] * (3 - len(seconds)) + [np.zeros((1,) + seconds[0].shape[1:])]
+        return np.concatenate(seconds + pad)
+
+    def ends(self, *seconds: np.ndarray) -> np.ndarray:
+        """End time of every node (and a last entry 0 for the sentinel) for per-stage seconds of
+        each pass ([stage] in model order: forward, backward, and weight gradient where the
+        graph has W passes): [node + 1], or [node + 1, K] for K layouts' [stage, K]."""
+        duration = self._seconds(seconds)[self.op_index].sum(axis=1)
+        end = np.zeros((self.ops + 1,) + duration.shape[1:])
+        for idx in self.levels:
+            end[idx] = end[self.preds[idx]].max(axis=1) + duration[idx]
+        return end
+
+    def makespan(self, *seconds: np.ndarray):
+        """The longest path: a float for one layout, [K] for K."""
+        return self.ends(*seconds)[:-1].max(axis=0)
+
+    def _split(self, counts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Op counts by index [..., 3 stages + 1] -> (forward, backward) per stage, and the
+        weight-gradient passes where the graph has them."""
+        s = self.stages
+        parts = (counts[..., :s], counts[..., s:2 * s]) + ((counts[..., 2 * s:3 * s],) if self.has_weight else ())
+        return tuple(np.ascontiguousarray(p) for p in parts)
+
+    def paths(self, *seconds: np.ndarray, end: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """`path` of K layouts at once ([stage, K] seconds): [K, stage] forward and backward
+        op counts (and weight-gradient passes, where the graph has them), all K backtracked
+        in step (`end`: their ends() where already computed)."""
+        end = self.ends(*seconds) if end is None else end
+        width = end.shape[1]
+        k = end[:-1].argmax(axis=0)
+        counts = np.zeros((width, self.zero + 1))
+        cols = np.arange(width)
+        while True:
+            live = k < self.ops
+            if not live.any():
+                break
+            kk, cc = k[live], cols[live]
+            idx = self.op_index[kk]  # [live, group]
+            np.add.at(counts, (np.repeat(cc, idx.shape[1]), idx.ravel()), 1)
+            p = self.preds[kk]  # [live, inputs]
+            k[live] = p[np.arange(len(kk)), end[p, cc[:, None]].argmax(axis=1)]
+        return self._split(counts)
+
+    def path(self, *seconds: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(forward ops, backward ops) per stage on a longest path, and its weight-gradient
+        passes where the graph has them (backtracked from the node that ends last through an
+        input that ends latest): as a linear form in the stage times it equals this layout's
+        makespan and bounds every other layout's from below."""
+        end = self.ends(*seconds)
+        k = int(end[:-1].argmax())
+        counts = np.zeros(self.zero + 1)
+        while k < self.ops:
+            np.add.at(counts, self.op_index[k], 1)
+            p = self.preds[k]
+            k = int(p[end[p].argmax()])
+        return self._split(counts)
+
+
+_GRAPHS: dict = {}
+
+
+def schedule_graph(ctx: LayoutContext) -> ScheduleGraph:
+    """The skeleton's ScheduleGraph, built once per op-list shape (a few hundred ms at m = 480)."""
+    key = (ctx.pp, ctx.vp, tuple(tuple(rank_ops) for rank_ops in ctx.ops))
+    if key not in _GRAPHS:
+        if len(_GRAPHS) > 8:
+            _GRAPHS.clear()
+        _GRAPHS[key] = ScheduleGraph(ctx.ops, ctx.pp * ctx.vp)
+    return _GRAPHS[key]
+
+
+def segment_paths(ops, stages: int, microbatches: int):
+    """Paths of the schedule graph through one rank's op list: micro-batch 0's forward through
+    stages 0..s-1, rank r's ops from F(s, 0) to B(s', m-1) (s, s' stages of rank r, in its
+    order), then the last micro-batch's backward through stages s'-1..0. Each is a lower bound
+    for every layout; with s, s' rank r's first and last op it is critical_path_bound_s's term
+    for rank r. They tie a stage's forward to every stage before it, which the rank terms alone
+    do not (a layout that empties the early stages still waits for the chain)."""
+    last = microbatches - 1
+    for rank_ops in ops:
+        kinds = np.array([op.kind == "F" for op in rank_ops])
+        stage_of = np.array([op.stage for op in rank_ops])
+        first_f = {op.stage: i for i, op in enumerate(rank_ops) if op.kind == "F" and op.microbatch == 0}
+        last_b = {op.stage: i for i, op in enumerate(rank_ops) if op.kind == "B" and op.microbatch == last}
+        for s, i in first_f.items():
+            for s2, j in last_b.items():
+                if j < i:
+                    continue
+                n_f = np.zeros(stages)
+                n_b = np.zeros(stages)
+                n_f[:s] += 1
+                n_b[:s2] += 1
+                seg = slice(i, j + 1)
+                np.add.at(n_f, stage_of[seg][kinds[seg]], 1)
+                np.add.at(n_b, stage_of[seg][~kinds[seg]], 1)
+                yield n_f, n_b
+
+
+def chunk_segments_hold(ops, pp: int, vp: int, microbatches: int) -> bool:
+    """Whether every rank r > 0 runs, outside its segment from the forward of micro-batch 0 to
+    the backward of the last micro-batch of any of its chunks c, only ops of its chunks before
+    c (Megatron's 1F1B and interleaved lists: the warm-up walks the chunks in order, the
+    cool-down's backwards in reverse). Then a rank whose chunks before c hold no layer does all
+    its layers' work inside that segment, which segment_paths' (s, s) path of stage s = c * pp
+    + r takes whole: the rank-order argument of rank_order_region rests on it."""
+    last = microbatches - 1
+    for r in range(1, pp):
+        rank_ops = ops[r]
+        for c in range(vp):
+            s = c * pp + r
+            i = next((k for k, op in enumerate(rank_ops) if op.kind == "F" and op.stage == s and op.microbatch == 0), None)
+            j = next((k for k, op in enumerate(rank_ops) if op.kind == "B" and op.stage == s and op.microbatch == last), None)
+            if i is None or j is None or j < i:
+                return False
+            if any(op.stage // pp >= c for op in rank_ops[:i]) or any(op.stage // pp >= c for op in rank_ops[j + 1:]):
+                return False
+    return True
