@@ -56,13 +56,13 @@ from costmodel.units import GIB  # noqa: E402
 from optimizer.layout_search import (  # noqa: E402
     LinearLayouts,
     regular,
-    schedule_graph,
     solve_layout,
     step_bound,
     step_floor_s,
     two_phase,
     vee_layout_search,
 )
+from optimizer.schedule_graph import schedule_graph  # noqa: E402
 
 
 def cases():

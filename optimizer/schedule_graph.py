@@ -12,6 +12,7 @@ import numpy as np
 from costmodel.schedule_sim import op_inputs
 from costmodel.stage_layout import LayoutContext
 
+
 def critical_path(ops, result, forward_s: np.ndarray, backward_s: np.ndarray, prefer_rank: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward ops, backward ops) per stage on a longest path of the simulated schedule's
     dependency graph (each op waits for the rank's previous op and its inputs: F(s-1), and for

@@ -2,7 +2,6 @@
 hybrid Gated DeltaNet + attention, GPT-OSS's sliding windows, GPT-2's keys), MTP, and that
 every layer kind lands on the pipeline rank the framework puts it on."""
 
-
 import numpy as np
 import pytest
 

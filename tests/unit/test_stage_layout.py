@@ -185,7 +185,6 @@ def test_recompute_needs_a_full_recompute_skeleton(llama):
 def test_skeletons_the_layout_model_does_not_cover_are_refused(llama, columns, reason):
     """What the per-chunk layout model does not price is refused by name (`mofa solve
     --pipeline-layouts` reports it as the search's `refused`), never scored wrongly."""
-
     problem, _, _ = llama
     cfg = ConfigBatch.from_columns(16384, tp=8, mbs=1, first_layers=7, last_layers=7, **columns)
     with pytest.raises(LayoutError, match="layout search does not model " + reason.replace("(", r"\(").replace(")", r"\)")):
