@@ -342,20 +342,24 @@ class LinearLayouts:
         recomputed = recomputed if self.recompute else None
         seconds = self.pass_times(counts, recomputed)
         graph = schedule_graph(self.ctx)
-        end = graph.ends(*seconds)
-        return Screened(seconds, end[:-1].max(axis=0), self.fits(counts, recomputed), graph, end)
+        return Screened(seconds, self.fits(counts, recomputed), graph, graph.ends(*seconds))
 
 
 @dataclasses.dataclass(frozen=True)
 class Screened:
-    """LinearLayouts.screen's K layouts: per-pass seconds ([stage, K] each), makespans [K] on
-    the schedule graph, whether each passes the linear memory test [K]."""
+    """LinearLayouts.screen's K layouts: per-pass seconds ([stage, K] each), whether each passes
+    the linear memory test [K], and every node's end on the schedule graph (ScheduleGraph.ends),
+    from which their makespans and longest paths follow."""
 
     seconds: tuple[np.ndarray, ...]
-    makespan_s: np.ndarray
     fits: np.ndarray
     graph: ScheduleGraph
     end: np.ndarray
+
+    @property
+    def makespan_s(self) -> np.ndarray:
+        """[K] each layout's makespan (ScheduleGraph.makespan, off the ends already computed)."""
+        return self.graph.makespan(*self.seconds, end=self.end)
 
     def paths(self) -> list[tuple[np.ndarray, ...]]:
         """Each layout's longest path as op counts per stage and pass (ScheduleGraph.paths): the

@@ -120,9 +120,10 @@ class ScheduleGraph:
             end[idx] = end[self.preds[idx]].max(axis=1) + duration[idx]
         return end
 
-    def makespan(self, *seconds: np.ndarray):
-        """The longest path: a float for one layout, [K] for K."""
-        return self.ends(*seconds)[:-1].max(axis=0)
+    def makespan(self, *seconds: np.ndarray, end: np.ndarray | None = None):
+        """The longest path: a float for one layout, [K] for K (`end`: their ends() where
+        already computed)."""
+        return (self.ends(*seconds) if end is None else end)[:-1].max(axis=0)
 
     def _split(self, counts: np.ndarray) -> tuple[np.ndarray, ...]:
         """Op counts by index [..., 3 stages + 1] -> (forward, backward) per stage, and the
