@@ -93,6 +93,11 @@ class ScheduleGraph:
         order = np.argsort(level, kind="stable")
         edges = np.searchsorted(level[order], np.arange(level.max() + 2))
         self.levels = [order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
+        # each level's inputs, one array per input column (the sentinel n where a node has fewer
+        # inputs): ends() takes their elementwise max in place, which is ~2x faster than
+        # gathering [nodes, inputs, K] and reducing it
+        self._level_inputs = [(idx, [np.ascontiguousarray(preds[idx, j]) for j in range(preds.shape[1]) if (preds[idx, j] < n).any()])
+                              for idx in self.levels]
         self.preds = preds
         self.op_index = op_index
         self.has_weight = bool((op_index[op_index < self.zero] >= 2 * stages).any())
@@ -114,10 +119,15 @@ class ScheduleGraph:
         """End time of every node (and a last entry 0 for the sentinel) for per-stage seconds of
         each pass ([stage] in model order: forward, backward, and weight gradient where the
         graph has W passes): [node + 1], or [node + 1, K] for K layouts' [stage, K]."""
-        duration = self._seconds(seconds)[self.op_index].sum(axis=1)
+        by_op = self._seconds(seconds)
+        duration = by_op[self.op_index[:, 0]] if self.op_index.shape[1] == 1 else by_op[self.op_index].sum(axis=1)
         end = np.zeros((self.ops + 1,) + duration.shape[1:])
-        for idx in self.levels:
-            end[idx] = end[self.preds[idx]].max(axis=1) + duration[idx]
+        for idx, inputs in self._level_inputs:
+            latest = end[inputs[0]] if inputs else np.zeros((len(idx),) + duration.shape[1:])
+            for column in inputs[1:]:
+                np.maximum(latest, end[column], out=latest)
+            latest += duration[idx]
+            end[idx] = latest
         return end
 
     def makespan(self, *seconds: np.ndarray, end: np.ndarray | None = None):
