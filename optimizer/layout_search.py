@@ -726,8 +726,11 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
     for r in range(pp):
         model.Add(busiest >= sum(stage_ns[s] for s in range(r, stages, pp)))
     model.Minimize(sum(rounds) + busiest)
-    # one worker and a deterministic time limit: the same seed on every run (a wall-clock cap too)
-    solver = cp_solver(max(2 * time_limit_s, 0.1), 1, random_seed)
+    # one worker and a deterministic time limit: the same seeds on every run. The wall-clock cap
+    # is a guard, 4x the deterministic limit: on 2 shared cores 0.5 deterministic seconds took
+    # 0.9-2.0 s, and a 2x cap cut the solve short by the clock, so that Llama 3 405B cp 1's seeds
+    # (limit 0.3 s, random seed 1) changed from run to run (1, 1 and 2 answers, against 3)
+    solver = cp_solver(max(4 * time_limit_s, 0.1), 1, random_seed)
     solver.parameters.max_deterministic_time = max(time_limit_s, 0.05)
     answers = _Answers(t + rc)
     if solve(solver, model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
