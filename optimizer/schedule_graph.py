@@ -7,6 +7,8 @@ the layout search's cuts (optimizer.layout_search)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from costmodel.schedule_sim import op_inputs
@@ -149,18 +151,31 @@ class ScheduleGraph:
         end = self.ends(*seconds) if end is None else end
         width = end.shape[1]
         k = end[:-1].argmax(axis=0)
-        counts = np.zeros((width, self.zero + 1))
         cols = np.arange(width)
-        while True:
-            live = k < self.ops
-            if not live.any():
-                break
-            kk, cc = k[live], cols[live]
-            idx = self.op_index[kk]  # [live, group]
-            np.add.at(counts, (np.repeat(cc, idx.shape[1]), idx.ravel()), 1)
-            p = self.preds[kk]  # [live, inputs]
-            k[live] = p[np.arange(len(kk)), end[p, cc[:, None]].argmax(axis=1)]
+        # the sentinel (self.ops) as a node of its own, its own only input and holding no op, so
+        # that every column steps at once until all have reached it, and the ops are counted
+        # once at the end (stepping only the live columns and counting per step took 3x as long)
+        preds = self._preds_closed
+        visited = []
+        while (k < self.ops).any():
+            visited.append(k)
+            p = preds[k]  # [K, inputs]
+            k = p[cols, end[p, cols[:, None]].argmax(axis=1)]
+        counts = np.zeros((width, self.zero + 1))
+        if visited:
+            idx = self._op_index_closed[np.stack(visited)]  # [steps, K, group]
+            np.add.at(counts, (np.broadcast_to(cols[None, :, None], idx.shape).ravel(), idx.ravel()), 1)
         return self._split(counts)
+
+    @functools.cached_property
+    def _preds_closed(self) -> np.ndarray:
+        """preds with a last row for the sentinel: its only input itself."""
+        return np.concatenate([self.preds, np.full((1, self.preds.shape[1]), self.ops, dtype=self.preds.dtype)])
+
+    @functools.cached_property
+    def _op_index_closed(self) -> np.ndarray:
+        """op_index with a last row for the sentinel: no op (the padding index)."""
+        return np.concatenate([self.op_index, np.full((1, self.op_index.shape[1]), self.zero, dtype=self.op_index.dtype)])
 
     def path(self, *seconds: np.ndarray) -> tuple[np.ndarray, ...]:
         """(forward ops, backward ops) per stage on a longest path, and its weight-gradient
