@@ -1212,7 +1212,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     Megatron's one --recompute-num-layers (the exportable answer), seeded also with layouts that
     pack each rank's layers into its last chunks (packed_seeds). With one kind of decoder
     layer (rank_tables), each rank's fewest recomputed layers at each of its layer totals
-    (least_recompute, ~0.5 s for Llama 3 405B's 16 ranks; `table_cache`: shared by calls on the
+    (least_recompute, 0.7-0.8 s for Llama 3 405B's 16 ranks on 2 cores; `table_cache`: shared by calls on the
     same skeleton, two_phase) join the model as element constraints
     with their convex envelopes, and the rank region as recompute its work must include: the
     memory rows alone let the LP recompute a fraction of a layer where the rank must recompute
