@@ -96,7 +96,7 @@ class ScheduleGraph:
         edges = np.searchsorted(level[order], np.arange(level.max() + 2))
         self.levels = [order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
         # each level's inputs, one array per input column (the sentinel n where a node has fewer
-        # inputs): ends() takes their elementwise max in place, which is ~2x faster than
+        # inputs): ends() takes their elementwise max in place, 1.2-2x faster than
         # gathering [nodes, inputs, K] and reducing it
         self._level_inputs = [(idx, [np.ascontiguousarray(preds[idx, j]) for j in range(preds.shape[1]) if (preds[idx, j] < n).any()])
                               for idx in self.levels]
