@@ -559,10 +559,15 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
         model.Add(rc[c] <= t[c])
     any_ = model.NewBoolVar("")
     model.Add(sum(rc) <= most * any_)
+
+    def loads(t, rc, any_) -> list:
+        """Each row's KiB (CP-SAT expressions over variables, or integers over a split)."""
+        return [sum(int(h[c]) * (act * t[c] - dropped * rc[c]) for c in range(vp) if h[c]) + working * any_ for h in held]
+
     rooms = []  # each row's bound, a variable fixed per L
-    for h in held:
+    for load in loads(t, rc, any_):
         room_var = model.NewIntVar(-(2 ** 40), 2 ** 40, "")
-        model.Add(sum(int(h[c]) * (act * t[c] - dropped * rc[c]) for c in range(vp) if h[c]) + working * any_ <= room_var)
+        model.Add(load <= room_var)
         rooms.append(room_var)
     floor_var = model.NewIntVar(0, most, "")  # the previous L's value: the table is non-decreasing
     model.Add(sum(rc) >= floor_var)
@@ -574,23 +579,21 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
         domain[0], domain[1] = value, value
 
     out: list[int] = []
-    witness = None  # the previous L's optimal (t, rc), as integer arrays
+    witness = None  # the previous L's optimal (t, rc): layers and recomputed layers per chunk
     for n in range(most + 1):
         fixed = base0 + n * base[k]
         if fixed + (1 + lin.frag) * (trans0 + n * trans[k]) > lin.capacity:  # recompute does not lower this row
             break
         room = (lin.capacity - fixed) / (1 + lin.frag)  # bytes the activations may take
-        bounds = np.array([int(math.floor((room - const) / BYTE_SCALE)) + 1 for const in consts], dtype=np.int64)
+        bounds = [int(math.floor((room - const) / BYTE_SCALE)) + 1 for const in consts]
         if witness is not None:
             # the previous answer with one more kept layer in some chunk: where one passes the
             # rows, this L needs no more recompute than the previous one
             w_t, w_rc = witness
-            load = held @ (act * w_t - dropped * w_rc) + working * int(w_rc.sum() > 0)
-            fits = [c for c in range(vp) if (load + act * held[:, c] <= bounds).all()]
+            grown = [[x + (c == j) for j, x in enumerate(w_t)] for c in range(vp)]
+            fits = [t_c for t_c in grown if all(v <= b for v, b in zip(loads(t_c, w_rc, int(sum(w_rc) > 0)), bounds))]
             if fits:
-                w_t = w_t.copy()
-                w_t[fits[0]] += 1
-                witness = (w_t, w_rc)
+                witness = (fits[0], w_rc)
                 out.append(out[-1])
                 continue
         fix(total, n)
@@ -608,7 +611,7 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
         # unproven in its budget: its bound still holds
         if status == cp_model.OPTIMAL:
             out.append(int(round(solver.ObjectiveValue())))
-            witness = (np.array([solver.Value(v) for v in t], dtype=np.int64), np.array([solver.Value(v) for v in rc], dtype=np.int64))
+            witness = ([solver.Value(v) for v in t], [solver.Value(v) for v in rc])
         else:
             out.append(max(int(math.ceil(solver.BestObjectiveBound() - 1e-6)), 0))
             witness = None
