@@ -109,7 +109,8 @@ class _Answers(cp_model.CpSolverSolutionCallback):
 
 
 def round_solver(time_limit_s: float, workers: int) -> cp_model.CpSolver:
-    """cp_solver for a round of the layout search's CP-SAT model, with a lighter presolve: one
+    """cp_solver for a round of the layout search's CP-SAT model (round_below, the free search's
+    rounds without an incumbent, recompute_split_bound's), with a lighter presolve: one
     presolve iteration, without the search for dominated linear constraints and for linear
     overlaps. The model is rebuilt and presolved in full every round (thousands of path cuts of
     up to 2 x stages terms), and those two passes and the iterations after the first took most of
