@@ -84,7 +84,7 @@ from costmodel.memory import MemoryContext, communicator_count, memory_context, 
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, simulated_schedule, stage_sizes
 from costmodel.placement import stage_groups
-from costmodel.schedule_sim import flat_ops, schedule_ops, simulate
+from costmodel.schedule_sim import CompiledSchedule, compile_schedule, flat_ops, schedule_ops, simulate
 from costmodel.specs import Problem
 from costmodel.units import DTYPE_BYTES, US
 from costmodel.update import cooldown_passes, optimizer_time
@@ -330,13 +330,18 @@ class LayoutContext:
     communicators: np.ndarray
     hop_s: float
     held: tuple[np.ndarray, ...]
-    ops: list  # schedule_sim's op lists of the skeleton's schedule
+    schedule: CompiledSchedule  # the skeleton's schedule, its op lists resolved once (schedule_sim.compile_schedule)
     net: Network  # what each rank's DP reduce and optimizer update are priced on (rank_update_s)
     groups: object  # costmodel.placement.stage_groups of the skeleton
 
     @property
     def pp(self) -> int:
         return int(self.cfg.pp[0])
+
+    @property
+    def ops(self) -> tuple:
+        """schedule_sim's op lists of the skeleton's schedule, one per rank."""
+        return self.schedule.ops
 
     @property
     def recompute_allowed(self) -> bool:
@@ -419,7 +424,7 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
         mtp_kind=kinds.index(mtp_kind(m, tr)) if m.mtp_layers else None, microbatches=int(micro),
         chunk_overhead_s=hw.efficiency.stage_overhead_us * US, mc=mc, communicators=communicator_count(cfg, cfg.derived(), m.moe is not None),
         hop_s=float(net.p2p_hop(lc.hop_bytes, groups.pp)[0]), held=held,
-        ops=schedule_ops(sim_schedule, pp, vp, int(micro), sim_group), net=net, groups=groups,
+        schedule=compile_schedule(schedule_ops(sim_schedule, pp, vp, int(micro), sim_group)), net=net, groups=groups,
     )
 
 
@@ -759,10 +764,10 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     if ctx.vee:  # the input-gradient pass and the deferred weight gradient (schedule_sim's split)
         weight = stage_weights(ctx, layout)
         w = per_chunk(weight, mine)
-        makespan = simulate(ctx.ops, f, b - w, 0.0, weight_s=w).makespan_s
+        makespan = simulate(ctx.schedule, f, b - w, 0.0, weight_s=w).makespan_s
     else:
         weight = np.zeros_like(forward)
-        makespan = simulate(ctx.ops, f, b, 0.0).makespan_s
+        makespan = simulate(ctx.schedule, f, b, 0.0).makespan_s
     pp_exposed = layout_pp_exposed(ctx, forward, backward, work, weight)
     pipeline = makespan + pp_exposed
     return LayoutScore(forward, backward, work, peaks, bool((peaks <= ctx.problem.hardware.memory_bytes).all()),

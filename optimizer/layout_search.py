@@ -119,7 +119,7 @@ def round_solver(time_limit_s: float, workers: int) -> cp_model.CpSolver:
     time freed goes to the rounds (bench_layouts, 10 s, 2 cores: the free search on cp 1 without
     recompute runs 3-4 rounds, not 1, and its gap is 1.1% in three runs of three, against
     6.7-43.8% in four, and as much regular first; regular then free with per-chunk recompute
-    5.3-5.5%, against 10.7-10.9%). Regular layouts keep the full presolve (solve_layout)."""
+    5.3-5.5%, against 10.7-10.9%). The regular search's own rounds keep the full presolve (solve_layout)."""
     solver = cp_solver(time_limit_s, workers)
     solver.parameters.presolve_inclusion_work_limit = 0
     solver.parameters.find_big_linear_overlap = False
@@ -1397,10 +1397,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         repaired = [fewest_recompute(ctx, seed.with_recompute([0] * stages), lin) for seed in seeds if seed.stages == stages]
         seeds = tuple(dict.fromkeys(seeds + tuple(x for x in repaired if x is not None)))
     # Known layouts: their critical paths as cuts, the best that fits as the incumbent. Those
-    # with the MTP modules where the search puts them are measured on the schedule graph and
-    # the linear memory test (the exact model's, ~20x faster than its op-by-op simulation,
-    # which at m = 480 took ~0.8 s a seed: a third of a 10 s budget with four seeds), and
-    # only the fastest that passes is simulated, to confirm it; the others are scored exactly.
+    # with the MTP modules where the search puts them are measured in one batch on the
+    # schedule graph and the linear memory test (the exact model's), which gives every one's
+    # longest path at once, and only the fastest that passes is simulated, to confirm it; the
+    # others are scored exactly.
     standard = tuple(int(x) for x in mtp)
     graph_seeds = [layout for layout in seeds if layout.mtp == standard and layout.stages == stages]
     candidates = [layout for layout in seeds if layout not in graph_seeds]
@@ -1453,19 +1453,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         nonlocal best, best_score, nearest
         if not local or budget_s <= 0:
             return
-        decoders, value, paths, recomputed = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
-                                                          max_layers=max_layers, neighbour_paths=neighbour_paths, start_recompute=layout.recompute,
-                                                          uniform_recompute=level is not None)
+        decoders, _, paths, recomputed = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
+                                                      max_layers=max_layers, neighbour_paths=neighbour_paths, start_recompute=layout.recompute,
+                                                      uniform_recompute=level is not None)
         for n_f, n_b in paths:
             cut(n_f, n_b)
         found = make(decoders + recomputed)
         add_rows(decoders + recomputed)
         nearest = found  # a repair that fell short still makes CP-SAT's best hint
-        if best_score is not None and value >= layout_makespan(best_score):
-            # its makespan on the schedule graph (the objective's) is no better: no simulation
-            # (~1.2 s at DeepSeek-V3's 480 micro-batches, where the descent ends on a layout of
-            # the incumbent's makespan and a smaller sum of op ends)
-            return
         score = score_of(found)
         if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
             best, best_score = found, score
@@ -1701,17 +1696,19 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # that the first layout that fits switches to the rounds above (a round that finds
             # nothing gets the rest of the time)
             capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
-            # (regular layouts: CP-SAT's full presolve; their first round has all the time and, with
-            # the lighter one, proved less in it: Llama 3 405B cp 1 with per-chunk recompute, 10 s,
-            # 1.8% -> 4.9%)
             time_s = min(remaining, round_limit_s) if capped else remaining
-            solver = cp_solver(time_s, workers) if chunk_spread is not None else round_solver(time_s, workers)
             if chunk_spread is not None:
-                # regular layouts: the LP of every constraint, the max over the rank rows and the
-                # recompute tables' element constraints included (CP-SAT's level 2), proves more per
-                # round than the default's: Llama 3 405B cp 1 with per-chunk recompute, 10 s on a
-                # loaded 2-core machine, 4.9% -> 1.8% (no change on the certified regular cases)
+                # regular layouts: CP-SAT's full presolve (their first round has all the time and,
+                # with round_solver's lighter one, proved less in it: Llama 3 405B cp 1 with
+                # per-chunk recompute, 10 s, 1.8% -> 4.9%), and the LP of every constraint, the max
+                # over the rank rows and the recompute tables' element constraints included
+                # (CP-SAT's level 2), which proves more per round than the default's: the same
+                # case, 10 s on a loaded 2-core machine, 4.9% -> 1.8% (no change on the certified
+                # regular cases)
+                solver = cp_solver(time_s, workers)
                 solver.parameters.linearization_level = 2
+            else:
+                solver = round_solver(time_s, workers)
             model.ClearHints()
             hint = best if best is not None else nearest
             if hint is not None:

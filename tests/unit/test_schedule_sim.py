@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel.schedule_sim import Op, dualpipev_ops, schedule_ops, simulate
+from costmodel.schedule_sim import Op, compile_schedule, dualpipev_ops, op_inputs, schedule_ops, simulate
 
 F, B = 1.0, 2.0
 
@@ -315,6 +315,63 @@ def test_timeline_respects_order_and_dependencies():
     last_end_s = max(e.max() for e in result.end_s)
     assert last_end_s <= result.makespan_s <= last_end_s + h  # at most a trailing blocking send
     np.testing.assert_allclose(result.busy_s + result.idle_s, result.makespan_s)
+
+
+def _replay(ops, forward_s, backward_s, hop_s, weight_s=None, p2p_blocking=False):
+    """An op-by-op replay, the plain statement of simulate's rules: sweep the ranks, each runs
+    its next entries while their inputs have ended; an entry starts when its rank is free and
+    its inputs have arrived (a hop from another rank). (makespan, busy, blocked, starts, ends)."""
+    rank_of = {op.stage: r for r, rank_ops in enumerate(ops) for e in rank_ops for op in (e if isinstance(e, tuple) else (e,))}
+    chunk_of = {s: sorted(x for x in rank_of if rank_of[x] == r).index(s) for s, r in rank_of.items()}
+    last = len(rank_of) - 1
+    seconds = {"F": forward_s, "B": backward_s, "W": weight_s}
+    end_of, free, blocked = {}, [0.0] * len(ops), [0.0] * len(ops)
+    starts, ends, busy = [[] for _ in ops], [[] for _ in ops], [0.0] * len(ops)
+    while any(len(starts[r]) < len(ops[r]) for r in range(len(ops))):
+        for r, rank_ops in enumerate(ops):
+            while len(starts[r]) < len(rank_ops):
+                group = rank_ops[len(starts[r])]
+                group = group if isinstance(group, tuple) else (group,)
+                keys = [(op.kind, op.stage, op.microbatch) for op in group]
+                inputs = [k for op in group for k in op_inputs(op, last) if k not in keys]
+                if any(k not in end_of for k in inputs):
+                    break
+                arrival = max((end_of[k] + (hop_s if rank_of[k[1]] != r else 0.0) for k in inputs), default=0.0)
+                start = max(free[r], arrival)
+                duration = sum(float(seconds[op.kind][r, chunk_of[op.stage]]) for op in group)
+                sends = sum((op.kind == "F" and op.stage < last and rank_of[op.stage + 1] != r)
+                            or (op.kind == "B" and op.stage > 0 and rank_of[op.stage - 1] != r) for op in group)
+                send_s = hop_s * sends if p2p_blocking else 0.0
+                starts[r].append(start)
+                ends[r].append(start + duration)
+                end_of.update((k, start + duration) for k in keys)
+                free[r] = start + duration + send_s
+                blocked[r] += send_s
+                busy[r] += duration
+    return max(free), busy, blocked, starts, ends
+
+
+@pytest.mark.parametrize("schedule,pp,vp,m,group", [("1f1b", 4, 1, 8, None), ("interleaved_1f1b", 4, 2, 8, None),
+                                                    ("interleaved_1f1b", 3, 3, 8, 4), ("flexible", 4, 2, 12, 6),
+                                                    ("afab", 4, 2, 8, None), ("dualpipev", 4, 2, 16, None)])
+@pytest.mark.parametrize("p2p_blocking", [False, True])
+def test_simulate_times_every_op_as_an_op_by_op_replay_to_the_bit(schedule, pp, vp, m, group, p2p_blocking):
+    """simulate times the compiled op lists level by level (numpy); an op-by-op replay of the
+    same rules gives the same makespan, busy, blocked, start and end times exactly (==, not
+    approximately), for heterogeneous chunks, a hop and blocking sends, DualPipeV's groups
+    included; and simulating the compiled schedule is simulating its op lists."""
+    rng = np.random.default_rng(pp * 100 + m)
+    ops = schedule_ops(schedule, pp, vp, m, group)
+    forward, backward = rng.uniform(0.1, 2.0, (pp, vp)), rng.uniform(0.2, 4.0, (pp, vp))
+    weight = rng.uniform(0.0, 1.0, (pp, vp)) if schedule == "dualpipev" else None
+    hop = 0.0137
+    result = simulate(ops, forward, backward, hop, weight_s=weight, p2p_blocking=p2p_blocking)
+    makespan, busy, blocked, starts, ends = _replay(ops, forward, backward, hop, weight, p2p_blocking)
+    assert result.makespan_s == makespan
+    assert result.busy_s.tolist() == busy and result.send_blocked_s.tolist() == blocked
+    assert [x.tolist() for x in result.start_s] == starts and [x.tolist() for x in result.end_s] == ends
+    again = simulate(compile_schedule(ops), forward, backward, hop, weight_s=weight, p2p_blocking=p2p_blocking)
+    assert again.makespan_s == result.makespan_s and all(np.array_equal(a, b) for a, b in zip(again.end_s, result.end_s))
 
 
 def test_deadlock_is_reported():
