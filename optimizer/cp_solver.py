@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
@@ -38,14 +39,18 @@ def cp_solver(time_limit_s: float | None = None, workers: int = 1, random_seed: 
     return solver
 
 
-def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model.CpSolverSolutionCallback | None = None):
+def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model.CpSolverSolutionCallback | None = None,
+          stop_when: Callable[[], bool] | None = None):
     """solver.Solve. Where the solver catches SIGINT itself, Python's handler is put back after
     (OR-Tools leaves the OS default there), so that a later Ctrl-C still raises KeyboardInterrupt.
     Where Ctrl-C is left to Python, on the main thread, the solve runs in a worker thread while
     this one waits: a Python signal handler runs only between bytecodes of the main thread, so
     a Solve called there would hold a Ctrl-C until its time limit. On KeyboardInterrupt the
     search is stopped (stop_search, which OR-Tools allows from another thread), its thread
-    waited for, and the KeyboardInterrupt raised again."""
+    waited for, and the KeyboardInterrupt raised again. `stop_when` (where Ctrl-C is left to
+    Python): checked every 50 ms while the solve runs (in a worker thread then, on any thread);
+    once it holds, the search is stopped as a time limit would stop it (the layout search's
+    rounds: they stop once they have answers and go on while they have none)."""
     run = (lambda: solver.Solve(model, callback)) if callback is not None else (lambda: solver.Solve(model))
     main = threading.current_thread() is threading.main_thread()
     if solver.parameters.catch_sigint_signal:
@@ -54,7 +59,7 @@ def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model
         finally:
             if main:
                 signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
-    if not main:
+    if not main and stop_when is None:
         return run()
     outcome: dict = {}
     done = threading.Event()
@@ -72,7 +77,8 @@ def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model
         # an Event's timed wait, not Thread.join: a KeyboardInterrupt inside join(timeout) can
         # leave the thread's lock so that a later join returns before the thread ends (measured)
         while not done.wait(0.05):
-            pass
+            if stop_when is not None and stop_when():
+                solver.stop_search()
     except KeyboardInterrupt:
         # again until it ends: a stop asked before the solve has begun is lost (OR-Tools 9.15)
         solver.stop_search()

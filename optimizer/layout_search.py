@@ -107,6 +107,14 @@ class _Answers(cp_model.CpSolverSolutionCallback):
             self.seen.add(answer)
             self.answers.append(answer)
 
+    def stop_after(self, seconds: float | None):
+        """cp_solver.solve's stop_when for a round (from now): stop once it has run `seconds`
+        with answers; None: never (the round's time limit alone)."""
+        if seconds is None:
+            return None
+        begun = time.perf_counter()
+        return lambda: bool(self.answers) and time.perf_counter() - begun >= seconds
+
 
 def round_solver(time_limit_s: float, workers: int) -> cp_model.CpSolver:
     """cp_solver for a round of the layout search's CP-SAT model (round_below, the free search's
@@ -128,19 +136,23 @@ def round_solver(time_limit_s: float, workers: int) -> cp_model.CpSolver:
 
 
 def round_below(model: cp_model.CpModel, z, variables, incumbent_s: float, slack_s: float, time_limit_s: float,
-                workers: int, under_s: float = 0.0) -> tuple[int, float, list]:
+                workers: int, under_s: float = 0.0, answers_by_s: float | None = None) -> tuple[int, float, list]:
     """One round that asks CP-SAT only for layouts the model prices below the incumbent
     (makespan `z` <= incumbent - 2 slack, set as z's domain): (status, the makespan bound it
     proves for every layout, in seconds, and every distinct answer it found). Each answer is
     then truly better or priced too low (its longest path a new cut), and INFEASIBLE certifies
     the incumbent within 2 slack. `under_s`: how far the model's rounded coefficients can price
-    a layout above its makespan (0 where they are rounded down)."""
+    a layout above its makespan (0 where they are rounded down). `answers_by_s`: the round
+    stops once it has run that long with answers (their cuts make the next round's model),
+    and goes on to time_limit_s while it has none (a round that stopped there without answers
+    was asked again from scratch, its search lost: DeepSeek-V3 on pp 16 x vp 2 with per-stage
+    recompute, 4 s of the 17 s it took to certify with a 30 s limit)."""
     domain = model.Proto().variables[z.Index()].domain
     goal_s = incumbent_s - 2 * slack_s
     domain[0], domain[1] = 0, max(int(math.floor(goal_s * TIME_SCALE)), 0)
     found = _Answers(variables)
     solver = round_solver(time_limit_s, workers)
-    status = solve(solver, model, found)
+    status = solve(solver, model, found, stop_when=found.stop_after(answers_by_s))
     if status == cp_model.INFEASIBLE:
         return status, goal_s, found.answers
     # proven on the restricted model: no layout is priced below it, or the incumbent is within 2 slack
@@ -1220,8 +1232,9 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     objective). chunk_spread: search only regular layouts, whose chunks on one rank differ by at
     most this many layers (the answer and its bound then hold among those; the cuts start from
     the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve
-    once there is an incumbent (a round that finds nothing gets the rest of the time; its bound
-    is proven either way). local=False skips the local search (local_fraction of the time
+    once there is an incumbent (free layouts: a round stops that far in once it has answers and
+    goes on while it has none, round_below; regular ones: a round that finds nothing gets the
+    rest of the time; its bound is proven either way). local=False skips the local search (local_fraction of the time
     limit). graph=True replaces the cuts by the whole event graph of the schedule (an
     end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
     instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s).
@@ -1673,19 +1686,18 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
                 # every answer CP-SAT found, not only its last, so one round brings many cuts.
                 best_makespan = layout_makespan(best_score)
-                # a round cut short loses its presolve and LP with it: where less than two rounds'
-                # time is left, this one takes it all (Llama 3 405B's 128-stage model presolves
-                # for ~2.6 s of a 4 s round)
-                capped = not stalled and remaining >= 2 * round_limit_s
-                status, proved, answers = round_below(model, z, vars_, best_makespan, slack, min(remaining, round_limit_s) if capped else remaining,
-                                                      workers, under_s=slack)
+                # a round stops round_limit_s in once it has answers, and goes on while it has
+                # none; a round cut short loses its presolve and LP with it: where less than two
+                # rounds' time is left, this one takes it all (Llama 3 405B's 128-stage model
+                # presolves for ~1 s of a 4 s round)
+                status, proved, answers = round_below(model, z, vars_, best_makespan, slack, remaining, workers, under_s=slack,
+                                                      answers_by_s=round_limit_s if remaining >= 2 * round_limit_s else None)
                 rounds += 1
                 bound = max(bound, proved)
                 if status == cp_model.INFEASIBLE:
                     proven = True
                     break
-                if not answers:
-                    stalled = True
+                if not answers:  # the round had all the time left
                     continue
                 if not _take_answers(answers):
                     for answer in answers:  # nothing new learnt (integer rounding): exclude them
@@ -1995,8 +2007,8 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
     while time.perf_counter() - start < time_limit_s:
         found = _Answers(t + x)
         left = time_limit_s - (time.perf_counter() - start)
-        solver = round_solver(min(left, round_limit_s) if left >= 2 * round_limit_s else left, workers)
-        status = solve(solver, model, found)
+        solver = round_solver(left, workers)  # as the free search's rounds (round_below)
+        status = solve(solver, model, found, stop_when=found.stop_after(round_limit_s if left >= 2 * round_limit_s else None))
         if status == cp_model.INFEASIBLE:
             return goal_s - 2 * slack, new_paths
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):

@@ -459,11 +459,11 @@ def test_ctrl_c_in_a_layout_round_launches_the_best_layout_so_far(monkeypatch):
     sets = LLAMA2_PP4_VP2 + ["features.recompute=[none, selective]"]
     calls, real = [], optimizer.layout_search.solve
 
-    def solve(solver, model, callback=None):
+    def solve(solver, model, callback=None, **kwargs):
         calls.append(1)
         if len(calls) == 1:
             raise KeyboardInterrupt
-        return real(solver, model, callback)
+        return real(solver, model, callback, **kwargs)
 
     whole, _ = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
     monkeypatch.setattr(optimizer.layout_search, "solve", solve)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from ortools.sat.python import cp_model
 
 import optimizer.layout_search as layout_search
 from optimizer.layout_search import enumerate_layouts, memo_scorer, solve_layout, two_phase, vee_layout_search, vee_rounds
@@ -23,11 +24,11 @@ def interrupting(monkeypatch, at: int) -> list:
     it runs does); returns the list that counts the calls."""
     calls, real = [], layout_search.solve
 
-    def solve(solver, model, callback=None):
+    def solve(solver, model, callback=None, **kwargs):
         calls.append(1)
         if len(calls) == at:
             raise KeyboardInterrupt
-        return real(solver, model, callback)
+        return real(solver, model, callback, **kwargs)
 
     monkeypatch.setattr(layout_search, "solve", solve)
     return calls
@@ -123,6 +124,36 @@ def test_a_ctrl_c_stops_a_running_solve_at_once():
     assert child.returncode == 0, child.stderr
     what, seconds = child.stdout.rsplit(" ", 1)
     assert what == "KeyboardInterrupt after" and int(seconds) < 30, child.stdout
+
+
+def golomb(n: int = 13, top: int = 200):
+    """A 13-mark Golomb ruler (marks x, length x[-1]): layouts are easy to find below a long
+    length, and proving none below the optimum (106) takes one worker far more than a minute."""
+    model = cp_model.CpModel()
+    x = [model.NewIntVar(0, top, f"x{i}") for i in range(n)]
+    model.Add(x[0] == 0)
+    for i in range(n - 1):
+        model.Add(x[i + 1] > x[i])
+    model.AddAllDifferent([x[j] - x[i] for i in range(n) for j in range(i + 1, n)])
+    model.Minimize(x[-1])
+    return model, x
+
+
+def test_a_round_stops_once_it_has_answers_and_goes_on_while_it_has_none():
+    """round_below with answers_by_s (cp_solver.solve's stop_when): asked for rulers shorter
+    than 190 (answers at once), a round with a 60 s limit stops about answers_by_s in with its
+    answers, not at the limit; asked for rulers shorter than 100 (there are none, and one
+    worker cannot prove it in seconds), it goes past answers_by_s to its own limit."""
+    model, x = golomb()
+    t0 = time.perf_counter()
+    status, _, answers = layout_search.round_below(model, x[-1], x, 190.5e-9, 0.0, 60.0, 1, answers_by_s=0.5)
+    took = time.perf_counter() - t0
+    assert answers and all(answer[-1] <= 190 for answer in answers)
+    assert status == cp_model.FEASIBLE and took < 30
+    model, x = golomb()
+    t0 = time.perf_counter()
+    status, _, answers = layout_search.round_below(model, x[-1], x, 99.5e-9, 0.0, 3.0, 1, answers_by_s=0.5)
+    assert not answers and time.perf_counter() - t0 >= 2.5
 
 
 def test_one_n_after_ctrl_c_launches_what_megatron_can(tmp_path):
