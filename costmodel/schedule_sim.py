@@ -41,9 +41,10 @@ an input from another rank arriving hop_s after its producer finished. With asyn
 is also busy for hop_s after each op whose output leaves the rank. Because no rank reorders its
 list, the earliest-start times are the event times of a discrete-event simulation; ops are
 resolved in dependency order (levelled once per op lists, `compile_schedule`, then timed a level
-at a time), and a cycle (a rank waiting on itself through others) is reported as a deadlock. A group of ops in one list entry (a tuple: DualPipeV's full backward (B, W) and
-its overlapped forward-and-backward pair (F, B, W)) runs as one op: it starts once every input
-from outside the group has arrived, takes the sum of its ops' times (overlapping a forward with
+at a time), and a cycle (a rank waiting on itself through others) is reported as a deadlock. A
+group of ops in one list entry (a tuple: DualPipeV's full backward (B, W) and its overlapped
+forward-and-backward pair (F, B, W)) runs as one op: it starts once every input from outside
+the group has arrived, takes the sum of its ops' times (overlapping a forward with
 a backward hides their communication, not their compute: DeepSeek's F&B) and releases all its
 outputs at its end. Not modelled: contention between compute and communication, links shared by
 concurrent transfers, the rendezvous of blocking send/recv pairs, and the optimizer step.

@@ -1234,8 +1234,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     the rank terms only, which keeps the model small). round_limit_s caps each CP-SAT solve
     once there is an incumbent (free layouts: a round stops that far in once it has answers and
     goes on while it has none, round_below; regular ones: a round that finds nothing gets the
-    rest of the time; its bound is proven either way). local=False skips the local search (local_fraction of the time
-    limit). graph=True replaces the cuts by the whole event graph of the schedule (an
+    rest of the time; its bound is proven either way). local=False skips the local search
+    (local_fraction of the time limit). graph=True replaces the cuts by the whole event graph of the schedule (an
     end-time variable per op): exact in one solve, but too large for CP-SAT beyond small
     instances (pp 16 x vp 8 x 32 micro-batches: no bound in 20 s).
     Recompute (skeletons with full recompute, ctx.recompute_allowed): an integer r_s per stage,
