@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from costmodel.schedule_sim import OP_KINDS, compile_schedule, op_inputs
+from costmodel.schedule_sim import OP_KINDS, compile_schedule, op_inputs, time_entries
 from costmodel.stage_layout import LayoutContext
 
 
@@ -50,9 +50,10 @@ class ScheduleGraph:
     levelled once (an entry's level is one more than its deepest input's), so that the makespan
     of any per-stage times -- schedule_sim.simulate's at hop 0, the layout search's objective --
     is a few numpy operations per level, for many layouts at once: DeepSeek-V3 at m = 480
-    (30,720 ops) in batches of 256, 0.3-0.8 ms a layout against 30 ms for simulate, which times
-    one layout (hops and blocking sends included) on the same levels; that makes the search's
-    cut generation and its local search affordable. A node is an entry of the op lists
+    (30,720 ops) in batches of 256, 0.3-0.8 ms a layout against 20-30 ms for simulate, which
+    times one layout (hops and blocking sends included) with the same recurrence
+    (schedule_sim.time_entries, which ends() calls at zero hop); that makes the search's cut
+    generation and its local search affordable. A node is an entry of the op lists
     (compile_schedule's, whose levels and inputs it reads): one op, or DualPipeV's group (a forward run
     with another stage's backward, a backward with its weight gradient), which lasts the sum of
     its ops as schedule_sim times it; weight-gradient passes (W) take their own seconds."""
@@ -72,12 +73,7 @@ class ScheduleGraph:
         # each node's ops as indices into [F stages | B stages | W stages | a zero]
         self.zero = len(self.KINDS) * stages
         op_index = schedule.op_index
-        self.levels = list(schedule.levels)
-        # each level's inputs, one array per input column (the sentinel n where a node has fewer
-        # inputs): ends() takes their elementwise max in place, 1.2-2x faster than
-        # gathering [nodes, inputs, K] and reducing it
-        self._level_inputs = [(idx, [np.ascontiguousarray(preds[idx, j]) for j in range(preds.shape[1]) if (preds[idx, j] < n).any()])
-                              for idx in self.levels]
+        self.schedule = schedule
         self.preds = preds
         self.op_index = op_index
         self.has_weight = bool((op_index[op_index < self.zero] >= 2 * stages).any())
@@ -99,16 +95,7 @@ class ScheduleGraph:
         """End time of every node (and a last entry 0 for the sentinel) for per-stage seconds of
         each pass ([stage] in model order: forward, backward, and weight gradient where the
         graph has W passes): [node + 1], or [node + 1, K] for K layouts' [stage, K]."""
-        by_op = self._seconds(seconds)
-        duration = by_op[self.op_index[:, 0]] if self.op_index.shape[1] == 1 else by_op[self.op_index].sum(axis=1)
-        end = np.zeros((self.ops + 1,) + duration.shape[1:])
-        for idx, inputs in self._level_inputs:
-            latest = end[inputs[0]] if inputs else np.zeros((len(idx),) + duration.shape[1:])
-            for column in inputs[1:]:
-                np.maximum(latest, end[column], out=latest)
-            latest += duration[idx]
-            end[idx] = latest
-        return end
+        return time_entries(self.schedule, self._seconds(seconds)).end
 
     def makespan(self, *seconds: np.ndarray, end: np.ndarray | None = None):
         """The longest path: a float for one layout, [K] for K (`end`: their ends() where

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel.schedule_sim import Op, compile_schedule, dualpipev_ops, op_inputs, schedule_ops, simulate
+from costmodel.schedule_sim import Op, compile_schedule, dualpipev_ops, op_inputs, schedule_ops, simulate, time_entries
 
 F, B = 1.0, 2.0
 
@@ -372,6 +372,38 @@ def test_simulate_times_every_op_as_an_op_by_op_replay_to_the_bit(schedule, pp, 
     assert [x.tolist() for x in result.start_s] == starts and [x.tolist() for x in result.end_s] == ends
     again = simulate(compile_schedule(ops), forward, backward, hop, weight_s=weight, p2p_blocking=p2p_blocking)
     assert again.makespan_s == result.makespan_s and all(np.array_equal(a, b) for a, b in zip(again.end_s, result.end_s))
+
+
+@pytest.mark.parametrize("schedule,pp,vp,m", [("interleaved_1f1b", 4, 2, 8), ("afab", 3, 2, 6), ("dualpipev", 4, 2, 16)])
+def test_time_entries_times_many_sets_of_seconds_as_it_times_each(schedule, pp, vp, m):
+    """time_entries is the one recurrence behind simulate (one layout) and the layout search's
+    schedule graph (K layouts at once, [op index, K] seconds): a batch of K gives, column by
+    column, exactly (==) what K single calls give, with a hop and blocking sends too; and a
+    single call's ends are simulate's."""
+    rng = np.random.default_rng(pp * 10 + m)
+    schedule_ = compile_schedule(schedule_ops(schedule, pp, vp, m))
+    k = 5
+    op_seconds = np.concatenate([rng.uniform(0.1, 2.0, (3 * pp * vp, k)), np.zeros((1, k))])
+    if schedule != "dualpipev":
+        op_seconds[2 * pp * vp:3 * pp * vp] = 0.0  # no weight-gradient passes: their seconds are never read
+    hop = 0.0137
+    send_s = hop * schedule_.sends
+    batch = time_entries(schedule_, op_seconds, hop, send_s, starts=True)
+    assert batch.end.shape == (schedule_.entries + 1, k)
+    for j in range(k):
+        one = time_entries(schedule_, op_seconds[:, j], hop, send_s, starts=True)
+        for field in ("duration", "start", "end", "free"):
+            assert np.array_equal(getattr(batch, field)[:, j], getattr(one, field)), field
+    where = (np.asarray(schedule_.rank_of_stage), np.asarray(schedule_.chunk_of_stage))
+    per_chunk = [np.zeros((pp, vp)) for _ in range(3)]
+    for kind in range(3):
+        per_chunk[kind][where] = op_seconds[kind * pp * vp:(kind + 1) * pp * vp, 0]
+    weight = per_chunk[2] if schedule == "dualpipev" else None
+    result = simulate(schedule_, per_chunk[0], per_chunk[1], hop, weight_s=weight, p2p_blocking=True)
+    one = time_entries(schedule_, op_seconds[:, 0], hop, send_s)
+    assert one.start is None
+    spans = zip(schedule_.offsets[:-1], schedule_.offsets[1:])
+    assert all(np.array_equal(one.end[a:b], e) for (a, b), e in zip(spans, result.end_s))
 
 
 def test_deadlock_is_reported():
