@@ -476,35 +476,38 @@ def compile_schedule(ops: list[list[Entry]]) -> CompiledSchedule:
         op_index[k, :len(group)] = [OP_KINDS.index(op.kind) * stages + op.stage for op in group]
     sends = np.array([sum(_sends(op, layout, last_stage) for op in group) for group in groups], dtype=np.int64)
 
-    # levels: an entry runs once its rank's previous entry and its inputs have (Kahn's order)
-    waiting = (previous < n).astype(np.int64) + (inputs < n).sum(axis=1)
-    successors = [[] for _ in range(n)]
-    for k in range(n):
-        for p in ([int(previous[k])] if previous[k] < n else []) + [int(p) for p in inputs[k] if p < n]:
-            successors[p].append(k)
-    level = np.zeros(n, dtype=np.int64)
-    frontier, done = [k for k in range(n) if waiting[k] == 0], 0
-    while frontier:
-        following = []
-        for k in frontier:
-            done += 1
-            for q in successors[k]:
-                waiting[q] -= 1
-                level[q] = max(level[q], level[k] + 1)
-                if waiting[q] == 0:
-                    following.append(q)
-        frontier = following
-    if done != n:
+    # levels: an entry runs once its rank's previous entry and its inputs have (Kahn's order, a
+    # generation at a time: an entry's level is one more than its deepest predecessor's)
+    parents = np.concatenate([previous[:, None], inputs], axis=1)
+    child = np.repeat(np.arange(n), parents.shape[1])[parents.ravel() < n]
+    parent = parents.ravel()[parents.ravel() < n]
+    by_parent = np.argsort(parent, kind="stable")
+    successors, first = child[by_parent], np.searchsorted(parent[by_parent], np.arange(n + 1))
+    waiting = np.bincount(child, minlength=n)
+    level = np.full(n, -1, dtype=np.int64)
+    frontier, depth = np.flatnonzero(waiting == 0), 0
+    while frontier.size:
+        level[frontier] = depth
+        count = first[frontier + 1] - first[frontier]
+        offset = np.repeat(first[frontier] - np.cumsum(count) + count, count) + np.arange(count.sum())
+        reached, times = np.unique(successors[offset], return_counts=True)
+        waiting[reached] -= times
+        frontier, depth = reached[waiting[reached] == 0], depth + 1
+    if (level < 0).any():
         stuck = {r: ops[r][int(np.flatnonzero(waiting[offsets[r]:offsets[r + 1]] > 0)[0])]
                  for r in range(len(ops)) if (waiting[offsets[r]:offsets[r + 1]] > 0).any()}
         raise ValueError(f"schedule deadlocks: each waiting rank's next op needs an op that cannot run: {stuck}")
     order = np.argsort(level, kind="stable")
-    edges = np.searchsorted(level[order], np.arange(level.max() + 2)) if n else np.zeros(1, dtype=np.int64)
+    edges = np.searchsorted(level[order], np.arange(level.max() + 2))
     levels = tuple(order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1))
-    steps = tuple(Level(entries=idx, previous=np.ascontiguousarray(previous[idx]),
-                        inputs=tuple(np.ascontiguousarray(inputs[idx, j]) for j in used),
-                        crosses=tuple(np.ascontiguousarray(crosses[idx, j]) if crosses[idx, j].any() else None for j in used))
-                  for idx in levels for used in [[j for j in range(inputs.shape[1]) if (inputs[idx, j] < n).any()]])
+    # each level's columns, as views of the entries sorted by level (one row per input column)
+    previous_sorted, inputs_sorted, crosses_sorted = previous[order], inputs[order].T.copy(), crosses[order].T.copy()
+    used = np.logical_or.reduceat(inputs_sorted < n, edges[:-1], axis=1)  # [column, level] some entry has that input
+    crossing = np.logical_or.reduceat(crosses_sorted, edges[:-1], axis=1)
+    steps = tuple(Level(entries=levels[i], previous=previous_sorted[lo:hi],
+                        inputs=tuple(inputs_sorted[j, lo:hi] for j in np.flatnonzero(used[:, i])),
+                        crosses=tuple(crosses_sorted[j, lo:hi] if crossing[j, i] else None for j in np.flatnonzero(used[:, i])))
+                  for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])))
     return CompiledSchedule(
         ops=tuple(ops), pp=layout.pp, vp=layout.vp, stages=stages,
         rank_of_stage=layout.rank_of_stage, chunk_of_stage=layout.chunk_of_stage, split_backward=split_backward,

@@ -65,11 +65,15 @@ class ScheduleGraph:
         if schedule.stages != stages:
             raise ValueError(f"the op lists hold {schedule.stages} stages, not {stages}")
         n = schedule.entries
-        rows = [list(dict.fromkeys(([int(schedule.previous[k])] if schedule.previous[k] < n else [])
-                                   + [int(p) for p in schedule.inputs[k] if p < n])) for k in range(n)]
-        preds = np.full((n, max((len(row) for row in rows), default=1)), n, dtype=np.int64)  # n: a sentinel input that ends at 0
-        for k, row in enumerate(rows):
-            preds[k, :len(row)] = row
+        # each entry's predecessors: its rank's previous entry, then its inputs, each once, packed
+        # to the left; n, a sentinel input that ends at 0, pads the row
+        preds = np.concatenate([schedule.previous[:, None], schedule.inputs], axis=1)
+        repeated = np.zeros(preds.shape, dtype=bool)
+        for j in range(1, preds.shape[1]):
+            repeated[:, j] = (preds[:, :j] == preds[:, j:j + 1]).any(axis=1)
+        preds = np.where(repeated, n, preds)
+        preds = np.take_along_axis(preds, np.argsort(preds == n, axis=1, kind="stable"), axis=1)
+        preds = preds[:, :max(int((preds < n).sum(axis=1).max(initial=0)), 1)]
         # each node's ops as indices into [F stages | B stages | W stages | a zero]
         self.zero = len(self.KINDS) * stages
         op_index = schedule.op_index
