@@ -38,7 +38,8 @@ from scipy.optimize import linprog  # noqa: E402
 
 from bench_layouts import cases  # noqa: E402
 from costmodel.stage_layout import layout_context, megatron_layout  # noqa: E402
-from optimizer.layout_search import LinearLayouts, solve_layout  # noqa: E402
+from optimizer.layout_linear import LinearLayouts  # noqa: E402
+from optimizer.layout_search import solve_layout  # noqa: E402
 from optimizer.schedule_graph import schedule_graph, segment_paths  # noqa: E402
 
 

@@ -46,7 +46,8 @@ from scipy.sparse import coo_matrix  # noqa: E402
 
 from bench_layouts import cases  # noqa: E402
 from costmodel.stage_layout import layout_context  # noqa: E402
-from optimizer.layout_search import LinearLayouts, least_recompute, lower_envelope, solve_layout  # noqa: E402
+from optimizer.layout_linear import LinearLayouts, least_recompute, lower_envelope  # noqa: E402
+from optimizer.layout_search import solve_layout  # noqa: E402
 from optimizer.schedule_graph import schedule_graph  # noqa: E402
 
 CASE = "tp8 cp1 pp16 vp8, per-chunk recompute"

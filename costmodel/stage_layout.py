@@ -654,7 +654,7 @@ def update_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
     every one at or below it).
     `least_recompute` (one kind of decoder layer: per rank, the fewest layers it must recompute
     to fit at each layer total, the table ending at the first total that fits no more;
-    optimizer.layout_search.least_recompute) restricts every rank to what fits its memory, so
+    optimizer.layout_linear.least_recompute) restricts every rank to what fits its memory, so
     the floor holds for the layouts that fit (Llama 3 405B cp 1 without recompute: memory
     piles up to 12 layers on the last ranks, 0.50 s against the 0.33 s of 8). Without it
     memory is left out."""

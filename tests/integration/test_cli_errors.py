@@ -450,14 +450,14 @@ def test_ctrl_c_in_a_layout_round_launches_the_best_layout_so_far(monkeypatch):
     with the best layout so far, reported as stopped by Ctrl-C with its proven gap and
     launched where it beats the split, as a time limit would; the configuration is the one
     solved."""
-    import optimizer.layout_search
+    import optimizer.cp_solver
     from conftest import PROBLEMS
     from mofa.commands._common import load_for_search
     from mofa.commands.solve import render_layout, solve_output
 
     path = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
     sets = LLAMA2_PP4_VP2 + ["features.recompute=[none, selective]"]
-    calls, real = [], optimizer.layout_search.solve
+    calls, real = [], optimizer.cp_solver.solve
 
     def solve(solver, model, callback=None, **kwargs):
         calls.append(1)
@@ -466,7 +466,7 @@ def test_ctrl_c_in_a_layout_round_launches_the_best_layout_so_far(monkeypatch):
         return real(solver, model, callback, **kwargs)
 
     whole, _ = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
-    monkeypatch.setattr(optimizer.layout_search, "solve", solve)
+    monkeypatch.setattr(optimizer.cp_solver, "solve", solve)
     out, plans = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
     report = out["pipeline_layout"]
     assert len(calls) == 1 and out["status"] == "optimal" and out["best"]["config"] == whole["best"]["config"]

@@ -13,7 +13,8 @@ import numpy as np
 from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
 from costmodel.stage_layout import layout_context
-from optimizer.layout_search import ROUND_STARTS, LinearLayouts, local_search, round_seeds
+from optimizer.layout_linear import LinearLayouts
+from optimizer.layout_seeds import ROUND_STARTS, local_search, round_seeds
 from optimizer.schedule_graph import schedule_graph
 
 LLAMA405 = Path(__file__).resolve().parents[2] / "problems" / "tuning" / "llama3_405b_16384xh100_seq8k.yaml"

@@ -2,8 +2,9 @@
 found so far and the bound proven by then (LayoutSolution.interrupted), and a running CP-SAT
 solve stops at once instead of at its own time limit (optimizer.cp_solver.solve).
 
-The Ctrl-C is injected where it lands in practice, in the CP-SAT solves: the layout search's
-`solve` is wrapped to raise KeyboardInterrupt at its k-th call, for every k the search reaches.
+The Ctrl-C is injected where it lands in practice, in the CP-SAT solves: optimizer.cp_solver's
+`solve`, which every layout module calls through it, is wrapped to raise KeyboardInterrupt at
+its k-th call, for every k the search reaches.
 """
 
 import subprocess
@@ -13,8 +14,11 @@ import time
 import pytest
 from ortools.sat.python import cp_model
 
-import optimizer.layout_search as layout_search
-from optimizer.layout_search import enumerate_layouts, memo_scorer, solve_layout, two_phase, vee_layout_search, vee_rounds
+import optimizer.cp_solver
+from optimizer.layout_oracles import enumerate_layouts
+from optimizer.layout_rounds import memo_scorer, round_below
+from optimizer.layout_search import solve_layout, two_phase
+from optimizer.layout_vee import vee_layout_search, vee_rounds
 
 from test_layout_search import best_by_enumeration, context
 
@@ -22,7 +26,7 @@ from test_layout_search import best_by_enumeration, context
 def interrupting(monkeypatch, at: int) -> list:
     """Make the layout search's at-th CP-SAT solve raise KeyboardInterrupt (as a Ctrl-C while
     it runs does); returns the list that counts the calls."""
-    calls, real = [], layout_search.solve
+    calls, real = [], optimizer.cp_solver.solve
 
     def solve(solver, model, callback=None, **kwargs):
         calls.append(1)
@@ -30,7 +34,7 @@ def interrupting(monkeypatch, at: int) -> list:
             raise KeyboardInterrupt
         return real(solver, model, callback, **kwargs)
 
-    monkeypatch.setattr(layout_search, "solve", solve)
+    monkeypatch.setattr(optimizer.cp_solver, "solve", solve)
     return calls
 
 
@@ -84,7 +88,8 @@ def test_ctrl_c_in_the_regular_phase_skips_the_free_one(tmp_path, monkeypatch):
     """two_phase: a Ctrl-C during the regular phase returns its best so far as both answers;
     the free one's bound is the work bound, which holds for every layout (the regular
     phase's holds among regular layouts only)."""
-    from optimizer.layout_search import regular, work_bound_s
+    from optimizer.layout_bounds import work_bound_s
+    from optimizer.layout_rounds import regular
 
     ctx = context(tmp_path, 2, 2, 81559)
     best, _ = best_by_enumeration(ctx, "makespan")
@@ -146,13 +151,13 @@ def test_a_round_stops_once_it_has_answers_and_goes_on_while_it_has_none():
     worker cannot prove it in seconds), it goes past answers_by_s to its own limit."""
     model, x = golomb()
     t0 = time.perf_counter()
-    status, _, answers = layout_search.round_below(model, x[-1], x, 190.5e-9, 0.0, 60.0, 1, answers_by_s=0.5)
+    status, _, answers = round_below(model, x[-1], x, 190.5e-9, 0.0, 60.0, 1, answers_by_s=0.5)
     took = time.perf_counter() - t0
     assert answers and all(answer[-1] <= 190 for answer in answers)
     assert status == cp_model.FEASIBLE and took < 30
     model, x = golomb()
     t0 = time.perf_counter()
-    status, _, answers = layout_search.round_below(model, x[-1], x, 99.5e-9, 0.0, 3.0, 1, answers_by_s=0.5)
+    status, _, answers = round_below(model, x[-1], x, 99.5e-9, 0.0, 3.0, 1, answers_by_s=0.5)
     assert not answers and time.perf_counter() - t0 >= 2.5
 
 
@@ -164,7 +169,10 @@ def test_one_n_after_ctrl_c_launches_what_megatron_can(tmp_path):
     and its bound (the per-stage answer's, which holds for every layout) is below the least
     makespan of every one-N layout that fits."""
     from costmodel.stage_layout import score_layout
-    from optimizer.layout_search import LayoutSolution, fewest_recompute, layout_makespan, one_n_after_ctrl_c, packed_seeds
+    from optimizer.layout_linear import fewest_recompute
+    from optimizer.layout_rounds import LayoutSolution, layout_makespan
+    from optimizer.layout_search import one_n_after_ctrl_c
+    from optimizer.layout_seeds import packed_seeds
 
     from test_layout_search import recompute_context
 

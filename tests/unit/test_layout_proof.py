@@ -15,7 +15,7 @@ from conftest import ROOT
 from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
 from costmodel.stage_layout import layout_context
-from optimizer.layout_search import LinearLayouts, least_recompute
+from optimizer.layout_linear import LinearLayouts, least_recompute
 from optimizer.schedule_graph import schedule_graph
 
 TINY_DENSE = """name: tiny-dense

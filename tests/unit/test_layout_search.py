@@ -10,7 +10,10 @@ import pytest
 from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
 from costmodel.stage_layout import LayoutError, StageLayout, layout_context
-from optimizer.layout_search import dp_layout, enumerate_layouts, kind_runs, regular, solve_layout, two_phase
+from optimizer.layout_linear import kind_runs
+from optimizer.layout_oracles import dp_layout, enumerate_layouts
+from optimizer.layout_rounds import regular
+from optimizer.layout_search import solve_layout, two_phase
 
 TINY = """name: tiny-moe
 model: {preset: deepseek-v3, num_layers: 7}
@@ -129,7 +132,7 @@ def test_dwell_paths_bound_every_layout(tmp_path, pp, vp, budget):
     where those alone fit, none past that."""
     import numpy as np
 
-    from optimizer.layout_search import dwell_paths
+    from optimizer.layout_bounds import dwell_paths
     from optimizer.schedule_graph import schedule_graph
 
     ctx = context(tmp_path, pp, vp, 81559)
@@ -246,7 +249,8 @@ def test_dualpipev_search_matches_enumeration(tmp_path, memory_mib, recompute):
     import numpy as np
 
     from costmodel.stage_layout import stage_weights
-    from optimizer.layout_search import LinearLayouts, vee_layout_search
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_vee import vee_layout_search
 
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
@@ -288,7 +292,7 @@ def test_linear_layouts_match_the_exact_model(tmp_path, pp, vp):
     capacities from roomy to tight."""
     import numpy as np
 
-    from optimizer.layout_search import LinearLayouts
+    from optimizer.layout_linear import LinearLayouts
 
     for memory_mib in (81559, 39000, 38000):
         ctx = context(tmp_path, pp, vp, memory_mib)
@@ -327,7 +331,7 @@ def test_local_search_improves_and_fits(tmp_path):
     """From a fitting layout, the descent returns a layout that fits, is no slower, and whose
     reported makespan is the exact model's; the paths it returns bound every layout."""
     from costmodel.stage_layout import StageLayout, score_layout
-    from optimizer.layout_search import local_search
+    from optimizer.layout_seeds import local_search
 
     ctx = context(tmp_path, 2, 2, 39000)
     scored = [(s.pipeline_s - s.pp_exposed_s, layout) for layout, s in enumerate_layouts(ctx) if s.fits]
@@ -455,7 +459,7 @@ def test_linear_layouts_with_recompute(tmp_path, recompute_layouts):
     import numpy as np
 
     from costmodel.stage_layout import score_layout
-    from optimizer.layout_search import LinearLayouts
+    from optimizer.layout_linear import LinearLayouts
 
     ctx = recompute_context(tmp_path, 2, 2, 44000)
     lin = LinearLayouts(ctx)
@@ -519,7 +523,7 @@ def test_work_bound_holds_for_every_layout(tmp_path, recompute_layouts, pp, vp):
     """work_bound_s (the floor of every search's bound) never exceeds the simulated makespan
     of any layout and recompute vector, fitting or not, and is no trivial bound: within a
     factor 2 of the best."""
-    from optimizer.layout_search import work_bound_s
+    from optimizer.layout_bounds import work_bound_s
 
     ctx = recompute_context(tmp_path, pp, vp, 200000)
     floor = work_bound_s(ctx)
@@ -554,7 +558,7 @@ def test_fewest_recompute_fits(tmp_path, recompute_layouts, memory_mib):
     where needed: none where it already fits; None exactly where even recomputing every layer
     does not fit (every layout at 39000 MiB); the uniform variant gives one N."""
     from costmodel.stage_layout import score_layout
-    from optimizer.layout_search import fewest_recompute
+    from optimizer.layout_linear import fewest_recompute
 
     ctx = recompute_context(tmp_path, 2, 2, memory_mib)
     for layout, *_ in recompute_layouts[2, 2][::97]:
@@ -599,7 +603,7 @@ def graph_makespans(ctx):
 
     import numpy as np
 
-    from optimizer.layout_search import LinearLayouts
+    from optimizer.layout_linear import LinearLayouts
     from optimizer.schedule_graph import schedule_graph
 
     n, stages = len(ctx.kind_of_layer), ctx.pp * ctx.vp
@@ -621,7 +625,7 @@ def test_rank_order_region_holds_for_every_layout(tmp_path, pp, vp, layers):
     no trivial one: just above the optimum it leaves most layouts out."""
     import numpy as np
 
-    from optimizer.layout_search import rank_order_region
+    from optimizer.layout_bounds import rank_order_region
 
     ctx = dense_context(tmp_path, pp, vp, layers)
     decoders, makespans = graph_makespans(ctx)
@@ -644,7 +648,8 @@ def test_lp_region_bound_holds_for_every_layout(tmp_path, pp, vp, layers):
     pp 2 x vp 2 it reaches the optimum (what certifies the free search there)."""
     import numpy as np
 
-    from optimizer.layout_search import LinearLayouts, lp_region_bound, rank_order_region
+    from optimizer.layout_bounds import lp_region_bound, rank_order_region
+    from optimizer.layout_linear import LinearLayouts
 
     ctx = dense_context(tmp_path, pp, vp, layers)
     lin = LinearLayouts(ctx)
@@ -666,7 +671,7 @@ def test_lp_region_bound_holds_for_every_layout(tmp_path, pp, vp, layers):
 
 def test_lp_region_bound_needs_one_kind(tmp_path):
     """With two kinds of layers (dense then MoE) the LP would lose their order: no bound."""
-    from optimizer.layout_search import RankRegion, lp_region_bound
+    from optimizer.layout_bounds import RankRegion, lp_region_bound
 
     ctx = context(tmp_path, 2, 2, 81559)
     assert lp_region_bound(ctx, RankRegion((0, 0), (7, 7), 7), 1.0) == (None, [])
@@ -679,7 +684,7 @@ def test_least_in_region_is_the_minimum():
 
     import numpy as np
 
-    from optimizer.layout_search import RankRegion, _least_in_region
+    from optimizer.layout_bounds import RankRegion, _least_in_region
 
     rng = np.random.default_rng(7)
     pp, stages, n = 2, 6, 7
@@ -755,7 +760,8 @@ def test_recompute_split_bound_holds_for_every_layout(tmp_path, recompute_layout
     import numpy as np
 
     from costmodel.stage_layout import score_layout
-    from optimizer.layout_search import LinearLayouts, recompute_split_bound, recomputing_ranks
+    from optimizer.layout_bounds import recompute_split_bound, recomputing_ranks
+    from optimizer.layout_linear import LinearLayouts
 
     ctx = recompute_context(tmp_path, pp, vp, memory_mib)
     lin = LinearLayouts(ctx)
@@ -799,7 +805,8 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
 
     from costmodel.stage_layout import balanced_layout, score_layout
     from costmodel.units import MIB
-    from optimizer.layout_search import LinearLayouts, round_seeds
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_seeds import round_seeds
 
     roomy = dense_context(tmp_path, pp, vp, 9)
     peaks = [float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy)]
@@ -853,7 +860,7 @@ def test_least_recompute_is_each_ranks_fewest(tmp_path, dense_recompute_layouts,
 
     import numpy as np
 
-    from optimizer.layout_search import LinearLayouts, least_recompute
+    from optimizer.layout_linear import LinearLayouts, least_recompute
 
     ctx = dense_recompute_context(tmp_path, memory_mib)
     lin = LinearLayouts(ctx)
@@ -903,7 +910,7 @@ def test_recompute_search_with_rank_tables_matches_enumeration(tmp_path, dense_r
 def test_lower_envelope_lies_under_every_point():
     """The convex envelope's segments: consecutive hull points, every value on or above each
     segment's line, and the hull's corners among the values."""
-    from optimizer.layout_search import lower_envelope
+    from optimizer.layout_linear import lower_envelope
 
     values = (0, 0, 0, 1, 2, 4, 5, 6, 9)
     segments = lower_envelope(values)
@@ -917,7 +924,7 @@ def test_lower_envelope_lies_under_every_point():
 def test_packed_seeds_hold_every_layer_in_each_ranks_last_chunks(tmp_path):
     """packed_seeds: for k = 1 .. vp, every layer in the last k chunks of the ranks, spread by
     count (within one layer), each stage recomputing min(N, its layers) for each N."""
-    from optimizer.layout_search import packed_seeds
+    from optimizer.layout_seeds import packed_seeds
 
     ctx = dense_recompute_context(tmp_path, 200000)
     n, pp, vp = len(ctx.kind_of_layer), ctx.pp, ctx.vp
@@ -937,7 +944,8 @@ def test_packed_seeds_hold_every_layer_in_each_ranks_last_chunks(tmp_path):
 def test_a_larger_space_bound_carries_over():
     """within_superset: the per-stage search's bound holds for the one-N layouts; it replaces a
     lower one, certifies an answer it reaches, and never lowers a bound."""
-    from optimizer.layout_search import LayoutSolution, within_superset
+    from optimizer.layout_rounds import LayoutSolution
+    from optimizer.layout_search import within_superset
 
     layout = StageLayout.from_stage_sizes(2, 1, [2, 2], 0)
     one_n = LayoutSolution(layout, 10.0, 9.0, 9.0, 7.0, False, 1.0, True, 1, "cp-sat")
@@ -957,7 +965,8 @@ def test_level_work_bounds_hold_for_every_layout(tmp_path, recompute_layouts, de
     with the ranks' memory tables (one kind of layer) or without (two kinds); and the bound
     says more than work_bound_s for the N that recompute. level_range keeps every N some
     layout below the goal has, and its least bound lies under every such layout."""
-    from optimizer.layout_search import LinearLayouts, least_recompute, level_range, level_work_bounds, work_bound_s
+    from optimizer.layout_bounds import level_range, level_work_bounds, work_bound_s
+    from optimizer.layout_linear import LinearLayouts, least_recompute
 
     if instance == "moe":
         ctx = recompute_context(tmp_path, 2, 2, memory_mib)
@@ -997,7 +1006,8 @@ def test_one_n_search_without_recompute_where_every_n_is_out(tmp_path, recompute
     one N is the search without recompute: it certifies enumeration's least makespan among the
     layouts that recompute nothing, says so (bound_source "levels"), and returns a layout that
     recomputes nothing."""
-    from optimizer.layout_search import LinearLayouts, level_range
+    from optimizer.layout_bounds import level_range
+    from optimizer.layout_linear import LinearLayouts
 
     ctx = recompute_context(tmp_path, 2, 2, 200000)
     lin = LinearLayouts(ctx)

@@ -250,7 +250,9 @@ def test_dualpipev_layouts_are_certified_by_their_own_search(llama_vee):
     certified optimal (the rank bound alone, vee_rank_bound: each rank's work after the forward
     chain to its first stage, left 1.2%; it is 0.7% above the ranks' mean work, since 3 of the
     61 layers are dense, and holds for any V layout, fitting or not)."""
-    from optimizer.layout_search import layout_report, solve_layout, vee_rank_bound, work_bound_s
+    from optimizer.layout_bounds import work_bound_s
+    from optimizer.layout_search import layout_report, solve_layout
+    from optimizer.layout_vee import vee_rank_bound
 
     _, _, ctx = llama_vee
     with pytest.raises(LayoutError, match="solve_layout does not search pp_schedule dualpipev"):
@@ -278,7 +280,8 @@ def test_a_v_search_under_memory_pressure_is_certified(llama_vee):
     it replaces ran out of 10 s still over the capacity). What it returns fits, by the exact
     model, and no V layout is faster than its bound: not the rank bound, nor any layout a few
     random one-layer moves away from the answer that fits (by the exact model)."""
-    from optimizer.layout_search import own_layout, vee_layout_search, vee_rank_bound
+    from optimizer.layout_search import own_layout
+    from optimizer.layout_vee import vee_layout_search, vee_rank_bound
 
     _, _, ctx = llama_vee
     own = own_layout(ctx)

@@ -11,7 +11,7 @@ from costmodel.configs import ConfigBatch
 from costmodel.loader import load_problem
 from costmodel.stage_layout import layout_context, pp_exposed_floor_s, step_overhead_floor_s, update_floor_s
 from mofa.commands.solve import render_layout
-from optimizer.layout_search import enumerate_layouts
+from optimizer.layout_oracles import enumerate_layouts
 
 DENSE = """name: tiny-dense
 model: {preset: llama3.1-8b, num_layers: 7}
@@ -128,7 +128,8 @@ def test_memory_keeps_the_update_floor_to_layouts_that_fit(tmp_path):
     with memory left out; with each rank's least_recompute table (here, the most layers it fits)
     the floor is that layout's, and step_floor_s takes it where an answer updates more than the
     floor without memory."""
-    from optimizer.layout_search import LinearLayouts, least_recompute, solve_layout, step_floor_s
+    from optimizer.layout_linear import LinearLayouts, least_recompute
+    from optimizer.layout_search import solve_layout, step_floor_s
 
     ctx = context(tmp_path, DENSE, False, ["hardware.memory_mib=8000"], tp=8, pp=4, vp=1)
     fitting = [(layout, s) for layout, s in enumerate_layouts(ctx) if s.fits]
@@ -157,7 +158,7 @@ def test_memory_floor_under_dualpipev(tmp_path):
     """DualPipeV on pp 2 at 10000 MiB without recompute: six V layouts fit, each rank 4 layers
     at most, so the least busiest update is above the floor without memory; with each rank's
     least_recompute table (over the V's two stages of the rank) the floor meets it."""
-    from optimizer.layout_search import LinearLayouts, least_recompute
+    from optimizer.layout_linear import LinearLayouts, least_recompute
 
     ctx = context(tmp_path, DENSE, False, ["hardware.memory_mib=10000"], tp=8, pp=2, vp=2, pp_schedule=4)
     assert ctx.vee

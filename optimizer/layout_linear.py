@@ -1,0 +1,527 @@
+"""The linear model of a layout (issue 11): each stage's pass times and each rank's memory
+rows as linear forms in the layer counts, read off the exact model by probing it, so that
+numpy screens many layouts at once and CP-SAT can hold them as constraints.
+
+Memory per rank is the exact ledger (costmodel.memory.rank_memory), affine in the rank's kind
+counts for the supported skeletons:
+    peak_r = base_r(counts) + (1 + frag) * max(activations_r, optimizer transient_r)
+with activations_r = max over the rank's in-flight vectors h (costmodel.stage_layout.held_chunks)
+of sum_c h_c * bytes of local chunk c; each h is one linear constraint. The coefficients are read
+off the exact ledger by probing it (no formula is copied), and the answer is re-scored.
+
+Layer kinds: a stage holds a contiguous run of the model's layers, so with prefix sums P_s the
+layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
+
+Recompute (skeletons with full recompute): an integer r_s per stage, 0 <= r_s <= t_s, the
+stage's first r_s layers, so the recomputed layers of kind-run [a, b) are
+clip(P_{s-1} + r_s, a, b) - clip(P_{s-1}, a, b); each adds its recompute to the stage's
+backward and takes what it does not keep off every memory row, and a rank that recomputes adds
+one layer's working set (costmodel.stage_layout). The fewest layers each rank must recompute
+at each of its layer totals (least_recompute) is what memory forces on every layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.stage_layout import (
+    LayoutContext,
+    StageLayout,
+    chunk_times,
+    rank_ledger,
+    recompute_working_bytes,
+    stage_ranks,
+    unit_costs,
+)
+from optimizer import cp_solver
+from optimizer.schedule_graph import ScheduleGraph, schedule_graph
+
+
+BYTE_SCALE = 1024.0  # integer KiB
+
+
+def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
+    """(kind, first layer, end) of each maximal run of equal kinds in model order."""
+    runs = []
+    for kind, group in itertools.groupby(enumerate(kind_of_layer), key=lambda x: x[1]):
+        idx = [i for i, _ in group]
+        runs.append((kind, idx[0], idx[-1] + 1))
+    return runs
+
+
+def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float]:
+    """(base_0, base per kind, transient_0, transient per kind, head bytes) of a rank, read
+    off the exact ledger at zero activations: peak = base + (1+frag)*max(act + head, trans)."""
+    last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
+    first, last = rank == 0, rank == last_rank
+    mtp = ctx.problem.model.mtp_layers if last else 0
+    no_head = dataclasses.replace(ctx.lc, head_saved=0.0 * ctx.lc.head_saved)
+    frag = ctx.mc.fragmentation
+    k = len(ctx.kinds)
+
+    def probe(counts):
+        ledger = rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head)
+        trans = float(ledger.optimizer_transient[0])
+        return float(ledger.peak[0]) - (1.0 + frag) * trans, trans
+
+    base0, trans0 = probe(np.zeros(k))
+    base, trans = np.zeros(k), np.zeros(k)
+    for j in range(k):
+        unit = np.zeros(k)
+        unit[j] = 1.0
+        b, t = probe(unit)
+        base[j], trans[j] = b - base0, t - trans0
+    head = float(np.asarray(ctx.lc.head_saved).ravel()[0]) * (1 + mtp) if last else 0.0
+    return base0, base, trans0, trans, head
+
+
+def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, float]:
+    """rank_memory_model's (base_0, base per kind, transient_0, transient per kind, head bytes)
+    with the MTP modules of the last rank folded into the constants, and the MTP modules'
+    activation bytes (held with the last local chunk): the rank fits when
+        base_0 + base . counts + (1+frag) * max(transient_0 + transient . counts,
+                                               max_h sum_c h_c act . chunk_c + head + h_last * mtp_act) <= capacity
+    over its in-flight vectors h (ctx.held). The CP-SAT model and the local search read it."""
+    base0, base, trans0, trans, head = rank_memory_model(ctx, rank)
+    mtp_act = 0.0
+    if rank == stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1] and ctx.mtp_kind is not None:
+        mtp_layers = ctx.problem.model.mtp_layers
+        base0 += mtp_layers * base[ctx.mtp_kind]
+        trans0 += mtp_layers * trans[ctx.mtp_kind]
+        mtp_act = mtp_layers * unit_costs(ctx)["kind_activation"][ctx.mtp_kind]
+    return base0, base, trans0, trans, head, mtp_act
+
+
+class LinearLayouts:
+    """A skeleton's layouts in the linear form the search works with, vectorized over many
+    layouts: layers of each kind-run per stage (clipped prefix sums), per-stage forward and
+    backward seconds (chunk_times' composition) and the rank memory test of rank_memory_terms.
+    The local search screens neighbours with it; the exact model (score_layout) has the last
+    word on what fits."""
+
+    def __init__(self, ctx: LayoutContext):
+        self.ctx = ctx
+        u = unit_costs(ctx)
+        self.stages = ctx.pp * ctx.vp
+        self.runs = kind_runs(ctx.kind_of_layer)
+        self.kind_of_run = np.array([k for k, _, _ in self.runs])
+        mtp = np.zeros(self.stages)
+        mtp[-1] = ctx.problem.model.mtp_layers
+        edge = np.zeros((self.stages, len(ctx.kinds)))
+        if ctx.mtp_kind is not None:
+            edge[-1, ctx.mtp_kind] = mtp[-1]
+        first = np.arange(self.stages) == 0
+        last = np.arange(self.stages) == self.stages - 1
+        self.const_forward_s, self.const_backward_s = chunk_times(u, edge, mtp, first, last)
+        # DualPipeV's weight-gradient pass, part of the backward above (stage_weights' composition)
+        self.const_weight_s = edge @ u["kind_weight"] + last * u["head_weight"]
+        self.weight_s = u["kind_weight"][self.kind_of_run]
+        self.forward_s = u["kind_forward"][self.kind_of_run]
+        self.backward_s = (u["kind_total"] - u["kind_forward"])[self.kind_of_run]
+        self.act = u["kind_activation"][self.kind_of_run]
+        self.u = u
+        self.recompute_s = u["kind_recompute"][self.kind_of_run]  # a recomputed layer's extra backward seconds
+        self.dropped = u["kind_dropped"][self.kind_of_run]  # and the bytes it does not keep per micro-batch in flight
+        self.recompute = ctx.recompute_allowed
+        self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
+        self.frag = ctx.mc.fragmentation
+        self.capacity = ctx.problem.hardware.memory_bytes
+
+    def run_counts(self, decoders: np.ndarray) -> np.ndarray:
+        """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
+        prefix = np.cumsum(decoders, axis=1)
+        before = prefix - decoders
+        low = np.array([a for _, a, _ in self.runs])
+        high = np.array([b for _, _, b in self.runs])
+        return np.clip(prefix[..., None], low, high) - np.clip(before[..., None], low, high)
+
+    def recompute_counts(self, decoders: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+        """[K, stage, run] recomputed layers of each kind-run in each stage (a stage's first
+        `recompute` layers) of K layouts [K, stage]."""
+        before = np.cumsum(decoders, axis=1) - decoders
+        low = np.array([a for _, a, _ in self.runs])
+        high = np.array([b for _, _, b in self.runs])
+        return np.clip((before + recompute)[..., None], low, high) - np.clip(before[..., None], low, high)
+
+    def layout_counts(self, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(run counts, recomputed run counts) of K layouts [K, 2 * stage]: decoder counts then
+        recompute counts (the search's vector)."""
+        layouts = np.asarray(layouts, dtype=np.int64).reshape(-1, 2 * self.stages)
+        decoders, recompute = layouts[:, :self.stages], layouts[:, self.stages:]
+        return self.run_counts(decoders), self.recompute_counts(decoders, recompute)
+
+    def times(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]
+        (and recomputed run counts)."""
+        backward = counts @ self.backward_s + self.const_backward_s
+        if recomputed is not None:
+            backward = backward + recomputed @ self.recompute_s
+        return (counts @ self.forward_s + self.const_forward_s).T, backward.T
+
+    def weights(self, counts: np.ndarray) -> np.ndarray:
+        """[stage, K] DualPipeV weight-gradient seconds of K layouts' run counts [K, stage, run]:
+        the part of `times`' backward that the W pass runs (stage_weights)."""
+        return (counts @ self.weight_s + self.const_weight_s).T
+
+    def pass_times(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """The schedule graph's seconds ([stage, K] per pass) of K layouts: (forward, backward),
+        or under DualPipeV (forward, input gradient, weight gradient), its backward split."""
+        forward, backward = self.times(counts, recomputed)
+        if not self.ctx.vee:
+            return forward, backward
+        weight = self.weights(counts)
+        return forward, backward - weight, weight
+
+    def pass_layer_s(self, run: int) -> tuple[float, ...]:
+        """One layer of kind-run `run`'s seconds in each of pass_times' passes (no recompute)."""
+        if not self.ctx.vee:
+            return float(self.forward_s[run]), float(self.backward_s[run])
+        return float(self.forward_s[run]), float(self.backward_s[run] - self.weight_s[run]), float(self.weight_s[run])
+
+    def rank_rows(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> list[np.ndarray]:
+        """Per rank, [K, 1 + vectors] the peak bytes of each memory row (rank_memory_terms):
+        the optimizer transient's, then each in-flight vector's; the rank's peak is their max.
+        Recomputed layers keep their input instead of their activations and add the working
+        set of the largest kind the rank recomputes (stage_layout.recompute_working_bytes)."""
+        out = []
+        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
+            mine = counts[:, self.ctx.stages_of[r], :]  # [K, chunk, run]
+            fixed = base0 + mine.sum(axis=1) @ base[self.kind_of_run]
+            transient = trans0 + mine.sum(axis=1) @ trans[self.kind_of_run]
+            held = self.ctx.held[r]  # [vectors, chunk]
+            chunk_bytes = mine @ self.act
+            working = 0.0
+            if recomputed is not None:
+                rmine = recomputed[:, self.ctx.stages_of[r], :]
+                chunk_bytes = chunk_bytes - rmine @ self.dropped
+                per_kind = np.zeros((len(counts), len(self.ctx.kinds)))
+                np.add.at(per_kind.T, self.kind_of_run, rmine.sum(axis=1).T)
+                working = recompute_working_bytes(self.u, per_kind)[:, None]
+            activations = chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head + working
+            out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
+        return out
+
+    def headroom(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
+        """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""
+        return np.stack([self.capacity - rows.max(axis=1) for rows in self.rank_rows(counts, recomputed)], axis=1)
+
+    @functools.cached_property
+    def layer_bytes(self) -> np.ndarray:
+        """[stage] about what one more layer of the commonest kind costs its rank's peak: its
+        fixed bytes and its activations times the most micro-batches its chunk has in flight
+        (the local search's ordering of repair moves; the test itself is rank_rows')."""
+        j = int(np.argmax([end - begin for _, begin, end in self.runs]))
+        k = self.kind_of_run[j]
+        out = np.zeros(self.stages)
+        for r, mine in enumerate(self.ctx.stages_of):
+            base0, base, trans0, trans, head, mtp_act = self.memory[r]
+            for c, s in enumerate(mine):
+                out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[r][:, c].max()
+        return out
+
+    def excess(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
+        """[K, rank] bytes of each rank's peak over the capacity (0 where it fits)."""
+        return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts, recomputed)], axis=1)
+
+    def fits(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
+        """[K] whether every rank's linear memory test passes."""
+        return (self.excess(counts, recomputed) <= 0).all(axis=1)
+
+    def screen(self, vectors) -> "Screened":
+        """K layouts [K, 2 * stage] (the search's vectors: decoder counts, then recompute counts)
+        on the schedule graph and the linear memory test at once: milliseconds for a batch, where
+        the exact model takes ~0.1-1 s a layout, so that the search ranks what it knows here and
+        confirms only the best with score_layout."""
+        counts, recomputed = self.layout_counts(vectors)
+        recomputed = recomputed if self.recompute else None
+        seconds = self.pass_times(counts, recomputed)
+        graph = schedule_graph(self.ctx)
+        return Screened(seconds, self.fits(counts, recomputed), graph, graph.ends(*seconds))
+
+
+@dataclasses.dataclass(frozen=True)
+class Screened:
+    """LinearLayouts.screen's K layouts: per-pass seconds ([stage, K] each), whether each passes
+    the linear memory test [K], and every node's end on the schedule graph (ScheduleGraph.ends),
+    from which their makespans and longest paths follow."""
+
+    seconds: tuple[np.ndarray, ...]
+    fits: np.ndarray
+    graph: ScheduleGraph
+    end: np.ndarray
+
+    @property
+    def makespan_s(self) -> np.ndarray:
+        """[K] each layout's makespan (ScheduleGraph.makespan, off the ends already computed)."""
+        return self.graph.makespan(*self.seconds, end=self.end)
+
+    def paths(self) -> list[tuple[np.ndarray, ...]]:
+        """Each layout's longest path as op counts per stage and pass (ScheduleGraph.paths): the
+        search's cuts."""
+        return list(zip(*self.graph.paths(*self.seconds, end=self.end)))
+
+
+def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext, lin: "LinearLayouts", rank: int, run_counts,
+                                    enforce) -> None:
+    """Where `enforce` holds, rank `rank` does not fit without recompute: its envelope (each
+    chunk's activations times the most micro-batches it ever holds in flight, above every
+    in-flight row of rank_memory_terms) is over the capacity. In thousandths of KiB, the
+    coefficients rounded up and the threshold down, so a rank over the capacity is over it
+    here. What recompute_split_bound and MemoryRows.recompute_only_where_needed require of a
+    rank that recomputes."""
+    base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
+    mine = [int(s) for s in ctx.stages_of[rank]]
+    held = np.asarray(ctx.held[rank])
+    top = held.max(axis=0) if len(held) else np.zeros(len(mine))
+    act = lin.u["kind_activation"]
+    scale = 1000.0 / BYTE_SCALE
+    envelope = sum(coef * run_counts[s][j] for c, s in enumerate(mine) for j, k in enumerate(int(k) for k in lin.kind_of_run)
+                   if (coef := int(math.ceil((base[k] + (1 + lin.frag) * top[c] * act[k]) * scale))))
+    envelope += int(math.ceil((base0 + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
+    model.Add(envelope >= int(math.floor(lin.capacity * scale)) + 1).OnlyEnforceIf(enforce)
+
+
+class MemoryRows:
+    """The rank memory test of LinearLayouts.rank_rows as CP-SAT rows over a layout model's
+    layers of each kind-run per stage (and recomputed ones): per rank one row for the
+    optimizer transient and one per in-flight vector h, in integer KiB. A rank of interleaved
+    1F1B has up to ~100 vectors, and all of them make a model whose presolve alone takes
+    seconds; so each rank starts with its transient row, and a layout that breaks a row brings
+    that row in (add_broken; fewer rows only relax the model: its bound stays valid)."""
+
+    def __init__(self, model: cp_model.CpModel, ctx: LayoutContext, lin: "LinearLayouts", run_counts, rc_counts=None):
+        u = unit_costs(ctx)
+        kind_of_run = [int(k) for k in lin.kind_of_run]
+        n_layers = len(ctx.kind_of_layer)
+        act = u["kind_activation"]
+        scaled_frag = int(round((1 + lin.frag) * 1000))
+        self.model, self.lin, self.ctx = model, lin, ctx
+        self.budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
+        self.rows = {}  # (rank, vector index or -1 for the transient) -> its left side
+        self.added = set()
+        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
+            mine = [int(s) for s in ctx.stages_of[r]]
+            kind_count = {k: [] for k in range(len(ctx.kinds))}
+            for s in mine:
+                for j, k in enumerate(kind_of_run):
+                    kind_count[k].append(run_counts[s][j])
+            base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
+            trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
+            self.rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
+            working = 0
+            if rc_counts is not None:
+                # the working set of the largest kind the rank recomputes: w >= working_k * y_k,
+                # y_k = 1 where the rank recomputes a layer of kind k (w only relaxes the rows upward
+                # from 0, so its least value is the max)
+                working = model.NewIntVar(0, int(round(u["kind_working"].max() / BYTE_SCALE)) + 1, f"w{r}")
+                for k in sorted(set(kind_of_run)):
+                    if u["kind_working"][k] <= 0:
+                        continue
+                    y = model.NewBoolVar(f"y{r}_{k}")
+                    model.Add(sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k) <= n_layers * y)
+                    model.Add(working >= int(round(u["kind_working"][k] / BYTE_SCALE)) * y)
+            for i, h in enumerate(ctx.held[r]):
+                act_expr = sum(int(h[c]) * sum(int(round(act[k] / BYTE_SCALE)) * run_counts[s][j] for j, k in enumerate(kind_of_run))
+                               for c, s in enumerate(mine) if h[c])
+                if rc_counts is not None:  # what the recomputed layers do not keep
+                    act_expr = act_expr - sum(int(h[c]) * sum(int(round(u["kind_dropped"][k] / BYTE_SCALE)) * rc_counts[s][j]
+                                                              for j, k in enumerate(kind_of_run)) for c, s in enumerate(mine) if h[c]) + working
+                const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
+                self.rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
+        for r in range(ctx.pp):
+            self.add((r, -1))
+
+    def recompute_only_where_needed(self, run_counts, rc_counts) -> None:
+        """A rank recomputes only where it does not fit without: y_r = 1 where rank r
+        recomputes a layer, and then its envelope (each chunk's activations times the most
+        micro-batches it ever holds, above every in-flight row) is over the capacity.
+        Valid for certification, not only for search: take any fitting layout and zero the
+        recompute of every rank that fits without it (memory is per rank, and recompute only
+        adds time, so the makespan does not grow); the result meets these rows, so a layout
+        below the incumbent exists only where one meeting them does (recompute_split_bound's
+        argument, here over the search's own integer recompute counts)."""
+        model, lin, ctx = self.model, self.lin, self.ctx
+        n_layers = len(ctx.kind_of_layer)
+        for r in range(ctx.pp):
+            y = model.NewBoolVar(f"needs_recompute{r}")
+            model.Add(sum(rc_counts[s][j] for s in ctx.stages_of[r] for j in range(len(lin.kind_of_run))) <= n_layers * y)
+            over_capacity_without_recompute(model, ctx, lin, r, run_counts, y)
+
+    def add(self, key) -> bool:
+        """Bring one row into the model; whether it was new."""
+        if key in self.added:
+            return False
+        self.added.add(key)
+        self.model.Add(self.rows[key] <= self.budget * 1000)
+        return True
+
+    def add_broken(self, vector) -> bool:
+        """Add the rows this layout (decoder counts, then recompute counts) breaks, and per rank
+        the row nearest to binding; whether any row was new."""
+        counts, recomputed = self.lin.layout_counts(np.array(vector)[None])
+        new = False
+        for r, values in enumerate(self.lin.rank_rows(counts, recomputed)):
+            values = values[0]  # [1 + vectors] bytes: transient first
+            for i in [int(np.argmax(values))] + [i for i in np.flatnonzero(values > self.ctx.problem.hardware.memory_bytes)]:
+                new |= self.add((r, i - 1))
+        return new
+
+
+def fewest_recompute(ctx: LayoutContext, layout: StageLayout, lin: LinearLayouts | None = None,
+                     uniform: bool = False) -> StageLayout | None:
+    """The layout's decoder counts with recompute added greedily until every rank passes the
+    linear memory test: while a rank is over its capacity, one more recomputed layer in the
+    chunk that holds the most micro-batches of that rank's binding row (its in-flight vector
+    with the largest peak), which takes the most bytes off it per recomputed layer; with
+    `uniform`, the least N for which r_s = min(N, layers_s) fits. A seed for the layout search
+    (a Megatron split made to fit with a few recomputed layers on the ranks that need them:
+    on Llama 3 405B cp 1 the even split with 27 recomputed layers, 6.48 s a step, where the
+    local search from the split recomputing everything stalls at 7.6 s: single moves do not
+    shorten a balanced pipeline). None where recomputing everything does not fit."""
+    lin = lin or LinearLayouts(ctx)
+    if not lin.recompute:
+        return None
+    pp = ctx.pp
+    decoders = np.array(layout.decoders, dtype=np.int64)
+    recompute = np.minimum(np.array(layout.recompute, dtype=np.int64), decoders)
+    if uniform:
+        for n in range(int(decoders.max(initial=0)) + 1):
+            recompute = np.minimum(n, decoders)
+            if lin.fits(*lin.layout_counts(np.concatenate([decoders, recompute])[None]))[0]:
+                return layout.with_recompute(recompute.tolist())
+        return None
+    while True:
+        counts, recomputed = lin.layout_counts(np.concatenate([decoders, recompute])[None])
+        rows = lin.rank_rows(counts, recomputed)
+        over = [r for r in range(pp) if rows[r][0].max() > lin.capacity]
+        if not over:
+            return layout.with_recompute(recompute.tolist())
+        r = over[0]
+        i = int(np.argmax(rows[r][0])) - 1  # the binding row (-1: the optimizer transient, which recompute does not lower)
+        if i < 0:
+            return None
+        room = [(int(ctx.held[r][i][c]), c * pp + r) for c in range(ctx.vp) if recompute[c * pp + r] < decoders[c * pp + r]]
+        if not room or max(room)[0] == 0:
+            return None
+        recompute[max(room)[1]] += 1
+
+
+def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int) -> tuple[int, ...]:
+    """The fewest layers rank `rank` must recompute to fit its memory when it holds L layers,
+    for L = 0, 1, ... up to `most` or the first L that no recompute makes fit (the tuple ends
+    there): over every split of the L layers among its chunks and every recompute count per
+    chunk, its linear memory rows (rank_memory_terms, the in-flight vectors ctx.held, the
+    working set once it recomputes anything). One kind of decoder layer; a small CP-SAT per L,
+    its coefficients rounded so that it relaxes the rows (activations down, what recompute
+    saves up, the room up), so every layout that fits recomputes at least this many layers on
+    the rank. Non-decreasing in L, and so is fitting at all (the first L that fits no more ends
+    the table): a layout with one layer fewer (a kept one, else a recomputed one, which keeps
+    its input, over a KiB) still fits.
+    Cost: one model per rank, whose layer total and row bounds are set for each L, solved
+    without presolve; and an L whose value the previous L's answer plus one kept layer in some
+    chunk already meets (it cannot be less: non-decreasing) takes no solve at all (Llama 3
+    405B's 16 ranks: 2.4 s -> 0.7 s on 2 cores, 468 solves -> 329, the same tables)."""
+    assert len(lin.runs) == 1
+    u, vp = lin.u, ctx.vp
+    base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
+    k = int(lin.kind_of_run[0])
+    act = int(u["kind_activation"][k] // BYTE_SCALE)
+    dropped = int(-(-u["kind_dropped"][k] // BYTE_SCALE))
+    working = int(u["kind_working"][k] // BYTE_SCALE)
+    held = np.asarray(ctx.held[rank], dtype=np.int64)
+    consts = [head + float(h[-1]) * mtp_act for h in held]
+    model = cp_model.CpModel()
+    total = model.NewIntVar(0, most, "L")
+    t = [model.NewIntVar(0, most, "") for _ in range(vp)]
+    rc = [model.NewIntVar(0, most, "") for _ in range(vp)]
+    model.Add(sum(t) == total)
+    for c in range(vp):
+        model.Add(rc[c] <= t[c])
+    any_ = model.NewBoolVar("")
+    model.Add(sum(rc) <= most * any_)
+
+    def loads(t, rc, any_) -> list:
+        """Each row's KiB (CP-SAT expressions over variables, or integers over a split)."""
+        return [sum(int(h[c]) * (act * t[c] - dropped * rc[c]) for c in range(vp) if h[c]) + working * any_ for h in held]
+
+    rooms = []  # each row's bound, a variable fixed per L
+    for load in loads(t, rc, any_):
+        room_var = model.NewIntVar(-(2 ** 40), 2 ** 40, "")
+        model.Add(load <= room_var)
+        rooms.append(room_var)
+    floor_var = model.NewIntVar(0, most, "")  # the previous L's value: the table is non-decreasing
+    model.Add(sum(rc) >= floor_var)
+    model.Minimize(sum(rc))
+    proto = model.Proto().variables
+
+    def fix(var, value: int) -> None:
+        domain = proto[var.Index()].domain
+        domain[0], domain[1] = value, value
+
+    out: list[int] = []
+    witness = None  # the previous L's optimal (t, rc): layers and recomputed layers per chunk
+    for n in range(most + 1):
+        fixed = base0 + n * base[k]
+        if fixed + (1 + lin.frag) * (trans0 + n * trans[k]) > lin.capacity:  # recompute does not lower this row
+            break
+        room = (lin.capacity - fixed) / (1 + lin.frag)  # bytes the activations may take
+        bounds = [int(math.floor((room - const) / BYTE_SCALE)) + 1 for const in consts]
+        if witness is not None:
+            # the previous answer with one more kept layer in some chunk: where one passes the
+            # rows, this L needs no more recompute than the previous one
+            w_t, w_rc = witness
+            grown = [[x + (c == j) for j, x in enumerate(w_t)] for c in range(vp)]
+            fits = [t_c for t_c in grown if all(v <= b for v, b in zip(loads(t_c, w_rc, int(sum(w_rc) > 0)), bounds))]
+            if fits:
+                witness = (fits[0], w_rc)
+                out.append(out[-1])
+                continue
+        fix(total, n)
+        fix(floor_var, out[-1] if out else 0)
+        for room_var, bound in zip(rooms, bounds):
+            fix(room_var, int(bound))
+        solver = cp_solver.cp_solver(random_seed=1)  # CP-SAT's default seed, which this solve always ran with
+        solver.parameters.max_deterministic_time = 5.0
+        # 17 variables: presolving them took longer than the search (Llama 3 405B's tables,
+        # 16 ranks: 1.7 s -> 0.7 s on 2 cores, the same values)
+        solver.parameters.cp_model_presolve = False
+        status = cp_solver.solve(solver, model)
+        if status == cp_model.INFEASIBLE:
+            break
+        # unproven in its budget: its bound still holds
+        if status == cp_model.OPTIMAL:
+            out.append(int(round(solver.ObjectiveValue())))
+            witness = ([solver.Value(v) for v in t], [solver.Value(v) for v in rc])
+        else:
+            out.append(max(int(math.ceil(solver.BestObjectiveBound() - 1e-6)), 0))
+            witness = None
+    return tuple(out)
+
+
+def least_recompute_var(model: cp_model.CpModel, total, table: tuple[int, ...], name: str):
+    """A variable equal to table[total] (a rank's least recompute at its layer total), the
+    total held within the table (an empty one: the rank fits no layer count)."""
+    model.Add(total <= len(table) - 1)
+    least = model.NewIntVar(0, max(table, default=0), name)
+    model.AddElement(total, list(table) or [0], least)
+    return least
+
+
+def lower_envelope(values) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The segments of the lower convex hull of the points (i, values[i]): each a pair of
+    points whose line every point lies on or above."""
+    hull: list[tuple[int, int]] = []
+    for point in enumerate(values):
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (y2 - y1) * (point[0] - x1) >= (point[1] - y1) * (x2 - x1):  # hull[-1] on or above the chord
+                hull.pop()
+            else:
+                break
+        hull.append(point)
+    return list(zip(hull, hull[1:]))

@@ -1,0 +1,313 @@
+"""Where the layout search starts (optimizer.layout_search): seeds whose chunk rounds are
+balanced under the memory rows (round_seeds), layouts that pack each rank's layers into its
+last chunks (packed_seeds, for one recompute N), and the local search that descends from a
+seed on the schedule graph, scoring its moves in batches (local_search)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.stage_layout import LayoutContext, StageLayout, stage_ranks
+from optimizer import cp_solver
+from optimizer.layout_linear import BYTE_SCALE, LinearLayouts
+from optimizer.layout_rounds import Answers, TIME_SCALE
+from optimizer.schedule_graph import schedule_graph
+
+
+ROUND_STARTS = 3  # local searches from round_seeds' answers where no given layout fits
+
+
+def packed_seeds(ctx: LayoutContext, levels) -> list[StageLayout]:
+    """Seeds for one --recompute-num-layers N (uniform recompute): every rank's layers packed
+    into its last k chunks (k = 1 .. vp), spread evenly by count over those stages with the
+    remainder taken off the last ones (the head's), each recomputing min(N, its layers) for
+    each N in `levels`. With one N a stage recomputes up to N of its layers whatever it holds, so
+    fewer, fuller chunks recompute fewer layers, and the later chunks hold fewer micro-batches
+    in flight: Llama 3 405B cp 1 on pp 16 x vp 8 with N = 1, the last four chunks of every rank
+    holding two layers (one recomputed) run a 7.39 s step, where recomputing all 126 layers of
+    the even split runs 7.69 s and the local search does not leave it (single moves do not)."""
+    pp, vp = ctx.pp, ctx.vp
+    n = len(ctx.kind_of_layer)
+    mtp = ctx.problem.model.mtp_layers
+    out = []
+    for k in range(1, vp + 1):
+        used = sorted(c * pp + r for c in range(vp - k, vp) for r in range(pp))
+        base, extra = divmod(n, len(used))
+        sizes = [0] * (pp * vp)
+        for i, stage in enumerate(used):
+            sizes[stage] = base + (i < extra)
+        layout = StageLayout.from_stage_sizes(pp, vp, sizes, mtp)
+        out.extend(layout.with_recompute([min(level, d) for d in sizes]) for level in levels)
+    return list(dict.fromkeys(out))
+
+
+def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
+                max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> list[StageLayout]:
+    """Seeds for a skeleton whose given layouts do not fit: CP-SAT's answers for the layout (and,
+    where the skeleton allows it, per-stage recompute) that minimises the sum over the chunk rounds of
+    their slowest stage, plus the busiest rank, under every rank's linear memory rows -- a
+    small CP-SAT model without the schedule's paths, one kind of decoder layer. In an
+    interleaved schedule the ranks run chunk c of every micro-batch as one round that its
+    slowest stage paces, so a layout whose rounds are balanced flows, where one that fits by
+    piling the layers of the ranks with many micro-batches in flight into a few chunks stalls.
+    Llama 3 405B at cp 1 on pp 16 x vp 8 (even split 90.6 GiB of 79.6): the search from the
+    given seeds, repaired, stalls at a 16.5 s step; from these seeds it reaches 9.6-10.2 s.
+    `random_seed` picks among CP-SAT's near-optimal answers. Returns every answer the solve
+    found, the best last (its earlier ones are other starts for a local search: the better start
+    is not the better end); empty where the time runs out without a layout or none fits the rows."""
+    pp, vp = ctx.pp, ctx.vp
+    stages = pp * vp
+    n_layers = len(ctx.kind_of_layer)
+    recompute = lin.recompute
+    model = cp_model.CpModel()
+    high = n_layers if max_layers is None else max_layers
+    t = [model.NewIntVar(min_layers, high, f"t{s}") for s in range(stages)]
+    rc = [model.NewIntVar(0, high if recompute else 0, f"r{s}") for s in range(stages)]
+    model.Add(sum(t) == n_layers)
+    for s in range(stages):
+        model.Add(rc[s] <= t[s])
+    const = (lin.const_forward_s + lin.const_backward_s) * TIME_SCALE
+    per_layer = int(round(float(lin.forward_s[0] + lin.backward_s[0]) * TIME_SCALE))
+    per_recompute = int(round(float(lin.recompute_s[0]) * TIME_SCALE))
+    stage_ns = [per_layer * t[s] + per_recompute * rc[s] + int(round(const[s])) for s in range(stages)]
+    cap = int(lin.capacity // BYTE_SCALE)
+
+    def kib(x):  # costs rounded up, so that what fits here fits the linear test
+        return int(math.ceil(float(x) * (1 + lin.frag) / BYTE_SCALE))
+
+    for r in range(pp):
+        mine = range(r, stages, pp)
+        if chunk_spread is not None:
+            low = model.NewIntVar(0, n_layers, "")
+            model.AddMinEquality(low, [t[s] for s in mine])
+            for s in mine:
+                model.Add(t[s] <= low + chunk_spread)
+        base0, base, trans0, trans, head, mtp_act = lin.memory[r]
+        layers = sum(t[s] for s in mine)
+        fixed = int(math.ceil(base0 / BYTE_SCALE)) + int(math.ceil(base[0] / BYTE_SCALE)) * layers
+        model.Add(fixed + kib(trans0) + kib(trans[0]) * layers <= cap)
+        working = 0
+        if recompute:
+            y = model.NewBoolVar(f"y{r}")
+            model.Add(sum(rc[s] for s in mine) <= n_layers * y)
+            working = kib(lin.u["kind_working"][0]) * y
+        for h in ctx.held[r]:
+            act = sum(kib(h[c] * lin.act[0]) * t[s] - (kib(h[c] * lin.dropped[0]) * rc[s] if recompute else 0) for c, s in enumerate(mine))
+            model.Add(fixed + act + kib(head + h[-1] * mtp_act) + working <= cap)
+    rounds = []
+    for c in range(vp):
+        slowest = model.NewIntVar(0, int(2 * n_layers * (per_layer + per_recompute) + const.max()) + 1, f"M{c}")
+        for s in range(c * pp, (c + 1) * pp):
+            model.Add(slowest >= stage_ns[s])
+        rounds.append(slowest)
+    busiest = model.NewIntVar(0, int(vp * (2 * n_layers * (per_layer + per_recompute) + const.max())) + 1, "busy")
+    for r in range(pp):
+        model.Add(busiest >= sum(stage_ns[s] for s in range(r, stages, pp)))
+    model.Minimize(sum(rounds) + busiest)
+    # one worker and a deterministic time limit: the same seeds on every run. The wall-clock cap
+    # is a guard, 4x the deterministic limit: on 2 shared cores 0.5 deterministic seconds took
+    # 0.9-2.0 s, and a 2x cap cut the solve short by the clock, so that Llama 3 405B cp 1's seeds
+    # (limit 0.3 s, random seed 1) changed from run to run (1, 1 and 2 answers, against 3)
+    solver = cp_solver.cp_solver(max(4 * time_limit_s, 0.1), 1, random_seed)
+    solver.parameters.max_deterministic_time = max(time_limit_s, 0.05)
+    answers = Answers(t + rc)
+    if cp_solver.solve(solver, model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return []
+    mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
+    return [StageLayout(pp=pp, vp=vp, decoders=a[:stages], mtp=mtp, recompute=a[stages:]) for a in answers.answers]
+
+
+def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
+                 lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0,
+                 max_layers: int | None = None, max_moves: int = 1024, neighbour_paths: int = 32,
+                 start_recompute: tuple[int, ...] | None = None,
+                 uniform_recompute: bool = False, fixed_level: int | None = None) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, ...]], tuple[int, ...]]:
+    """Descent over single-layer moves from `start`: moves of one layer from any stage to any
+    other (the `max_moves` that most shorten the current longest path, and as many recompute
+    moves), and, where the skeleton allows full recompute, one more or one fewer recomputed layer in a
+    stage or one recomputed layer moved to another stage (with `uniform_recompute`, one more or
+    fewer N for every stage: r_s = min(N, layers_s), Megatron's one --recompute-num-layers;
+    `fixed_level`: that N, kept, so that only layers move),
+    screened by the linear memory test, scored in batches on the schedule graph; the best
+    improving move of the first batch that has one is taken (improving: a shorter makespan, or
+    the same and a smaller sum of op ends). A layer move keeps the stages' recompute counts, clipped to their layers. A start
+    that does not fit is first repaired (least memory over the capacity, summed over ranks).
+    Returns the best layout's decoder counts, its makespan, the longest paths of the layouts it
+    moved through and of the best neighbours of the last one (cuts that are tight near the
+    local optimum), and its recompute counts. Moves keep `min_layers` <= a stage <=
+    `max_layers` and, with `spread`, a rank's chunks within that many layers (solve_layout's
+    constraints). Deterministic (fixed seed)."""
+    t0 = time.perf_counter()
+    lin = lin or LinearLayouts(ctx)
+    graph = schedule_graph(ctx)
+    stages = lin.stages
+    rng = np.random.default_rng(0)
+    decoders = np.array(start, dtype=np.int64)
+    recompute = np.zeros(stages, dtype=np.int64) if start_recompute is None else np.minimum(np.array(start_recompute, dtype=np.int64), decoders)
+    uniform = lin.recompute and (uniform_recompute or fixed_level is not None)
+    level = int(recompute.max(initial=0)) if fixed_level is None else int(fixed_level)  # uniform: N
+    if uniform:
+        recompute = np.minimum(level, decoders)
+    current = np.concatenate([decoders, recompute])
+
+    def measure(layouts):
+        counts, recomputed = lin.layout_counts(layouts)
+        recomputed = recomputed if lin.recompute else None
+        return counts, recomputed
+
+    def measured(seconds):
+        """(makespan, sum of every op's end) of each layout: the second breaks ties, so that the
+        descent crosses a plateau of equal makespans where several longest paths must all be
+        shortened (two recomputed layers moved off two parallel paths: Llama 3 405B cp 1,
+        5.770 -> 5.757 s), and stops, since the pair only ever decreases."""
+        ends = graph.ends(*seconds)[:-1]
+        return ends.max(axis=0), ends.sum(axis=0)
+
+    counts, recomputed = measure(current[None])
+    seconds = lin.pass_times(counts, recomputed)
+    values, totals = measured(seconds)
+    value, total = float(values[0]), float(totals[0])
+    over = lin.excess(counts, recomputed)[0]  # [rank] bytes over the capacity: a start that does not fit is repaired first
+    headroom = lin.headroom(counts, recomputed)[0]
+    paths = [graph.path(*(x[:, 0] for x in seconds))]
+    main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
+    layer_s = lin.pass_layer_s(main_run)
+    rank_of = np.array(stage_ranks(ctx.pp, ctx.vp, ctx.vee))
+    # bytes one more recomputed layer of the main kind takes off its rank's peak (the most
+    # micro-batches its chunk has in flight times what it stops keeping)
+    drop_bytes = np.zeros(stages)
+    for r, mine in enumerate(ctx.stages_of):
+        for c, s in enumerate(mine):
+            drop_bytes[s] = (1 + lin.frag) * lin.dropped[main_run] * ctx.held[r][:, c].max()
+    while time.perf_counter() - t0 < time_limit_s:
+        # every move, the most promising first: off a rank over its memory, then those that
+        # shorten the current longest path most, ties at random. A layer move from stage a to
+        # c gains (ops of the path on a minus on c) x a layer; a recompute move on stage a
+        # gains or loses the path's backward ops on a x a layer's recompute.
+        dec, rec = current[:stages], current[stages:]
+        n_b = paths[-1][1]  # (under DualPipeV the path's W passes follow)
+        weight = sum(n * s for n, s in zip(paths[-1], layer_s)) + n_b * lin.recompute_s[main_run] * (rec > 0)
+        a, c = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
+        ok = (a != c) & (dec[a] > 0)
+        a, c = a[ok], c[ok]
+        kind = np.zeros(len(a), dtype=np.int64)  # 0: a layer a -> c; 1: recompute one more on a; 2: one fewer; 4: a recomputed layer a -> c
+        room = np.maximum(-headroom, 0.0)[rank_of]  # [stage] bytes over
+        free = np.maximum(headroom, 0.0)[rank_of]
+        gain = weight[a] - weight[c]
+        saved = np.minimum(lin.layer_bytes[a], room[a]) - np.maximum(lin.layer_bytes[c] - free[c], 0.0)
+        if lin.recompute:
+            slow = n_b * lin.recompute_s[main_run]
+            if uniform:
+                up, down = np.array([level < dec.max()]), np.array([level > 0])
+                if fixed_level is not None:
+                    up[:], down[:] = False, False
+                up_gain, down_gain = -slow[dec > level].sum(), slow[dec >= level].sum() * (level > 0)
+                up_saved = np.minimum(drop_bytes, room)[dec > level].sum()
+                down_saved = -np.maximum(drop_bytes - free, 0.0)[(dec >= level) & (level > 0)].sum()
+                r_a = np.array([-1, -1])
+                r_kind = np.array([1, 2])
+                r_ok = np.concatenate([up, down])
+                r_gain, r_saved = np.array([up_gain, down_gain]), np.array([up_saved, down_saved])
+            else:
+                r_a = np.concatenate([np.arange(stages), np.arange(stages)])
+                r_kind = np.repeat([1, 2], stages)
+                r_ok = np.concatenate([rec < dec, rec > 0])
+                r_gain = np.concatenate([-slow, slow])
+                r_saved = np.concatenate([np.minimum(drop_bytes, room), -np.maximum(drop_bytes - free, 0.0)])
+            r_c = r_a
+            if not uniform:
+                # and one recomputed layer moved from stage a to stage c (kind 4): where memory
+                # binds, one fewer alone does not fit and one more alone is slower, so the
+                # recompute stays where the descent first put it (Llama 3 405B cp 1, per-chunk
+                # recompute: 5.809 s; moving it off the longest path, 5.770 s)
+                ma, mc = np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij")
+                moved = (ma != mc) & (rec[ma] > 0) & (rec[mc] < dec[mc])
+                ma, mc = ma[moved], mc[moved]
+                r_a, r_c = np.concatenate([r_a, ma]), np.concatenate([r_a, mc])
+                r_kind = np.concatenate([r_kind, np.full(len(ma), 4)])
+                r_ok = np.concatenate([r_ok, np.ones(len(ma), bool)])
+                r_gain = np.concatenate([r_gain, slow[ma] - slow[mc]])
+                r_saved = np.concatenate([r_saved, np.minimum(drop_bytes[mc], room[mc]) - np.maximum(drop_bytes[ma] - free[ma], 0.0)])
+            a = np.concatenate([a, r_a[r_ok]])
+            c = np.concatenate([c, r_c[r_ok]])
+            kind = np.concatenate([kind, r_kind[r_ok]])
+            gain = np.concatenate([gain, r_gain[r_ok]])
+            saved = np.concatenate([saved, r_saved[r_ok]])
+        if over.sum() > 0:
+            # repairing: the moves that take most bytes off the ranks over their capacity for
+            # the fewest they add where there is no room (a layer weighs more on a chunk with
+            # more micro-batches in flight: the first chunks of the first ranks)
+            order = np.lexsort((rng.permutation(len(a)), -gain, -saved))
+        else:
+            order = np.lexsort((rng.permutation(len(a)), -gain))
+        # the most promising max_moves layer moves and as many recompute moves, in that order:
+        # capped together, the layer moves' larger estimates crowd out every recompute move
+        layer = kind[order] == 0
+        keep = np.zeros(len(order), bool)
+        keep[np.flatnonzero(layer)[:max_moves]] = True
+        keep[np.flatnonzero(~layer)[:max_moves]] = True
+        order = order[keep]
+        moves = list(zip(kind[order].tolist(), a[order].tolist(), c[order].tolist()))
+        improved = False
+        neighbours = []
+        for i in range(0, len(moves), batch):
+            chunk = moves[i:i + batch]
+            cand = np.repeat(current[None], len(chunk), axis=0)
+            levels = np.full(len(chunk), level)
+            for row, (k, a, c) in enumerate(chunk):
+                if k == 0:
+                    cand[row, a] -= 1
+                    cand[row, c] += 1
+                    cand[row, stages + a] = min(cand[row, stages + a], cand[row, a])
+                elif a < 0:  # uniform N
+                    levels[row] += 1 if k == 1 else -1
+                elif k == 4:  # a recomputed layer from a to c
+                    cand[row, stages + a] -= 1
+                    cand[row, stages + c] += 1
+                else:
+                    cand[row, stages + a] += 1 if k == 1 else -1
+            if uniform:
+                cand[:, stages:] = np.minimum(levels[:, None], cand[:, :stages])
+            dec_c = cand[:, :stages]
+            keep = (dec_c.min(axis=1) >= min_layers) & (dec_c.max(axis=1) <= (max_layers if max_layers is not None else np.inf))
+            if spread is not None:
+                per_rank = dec_c.reshape(len(cand), ctx.vp, ctx.pp)
+                keep &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
+            if not keep.any():
+                continue
+            cand, levels = cand[keep], levels[keep]
+            counts, recomputed = measure(cand)
+            cand_over = lin.excess(counts, recomputed)
+            seconds = lin.pass_times(counts, recomputed)
+            values, totals = measured(seconds)
+            if over.sum() > 0:  # repairing: least total excess, then the shortest
+                k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
+                better = cand_over[k].sum() < over.sum()
+            else:
+                fit = np.flatnonzero(cand_over.sum(axis=1) <= 0)
+                if not len(fit):
+                    continue
+                neighbours.extend((values[k], tuple(cand[k])) for k in fit)
+                # the shortest, then the least total (makespans within float noise tie)
+                rounded = np.round(values[fit] / (value * 1e-12))
+                k = int(fit[np.lexsort((totals[fit], rounded))[0]])
+                tied = abs(values[k] - value) <= value * 1e-12
+                better = values[k] < value * (1 - 1e-12) or (tied and totals[k] < total * (1 - 1e-12))
+            if better:
+                current, value, total, over, level, improved = cand[k], float(values[k]), float(totals[k]), cand_over[k], int(levels[k]), True
+                headroom = lin.headroom(*measure(current[None]))[0]
+                paths.append(graph.path(*(x[:, k] for x in seconds)))
+                break
+            if time.perf_counter() - t0 >= time_limit_s:
+                break
+        if not improved:
+            neighbours.sort()
+            near = np.array([layout for _, layout in neighbours[:neighbour_paths]], dtype=np.int64).reshape(-1, 2 * stages)
+            for i in range(0, len(near), batch):
+                paths.extend(zip(*graph.paths(*lin.pass_times(*measure(near[i:i + batch])))))
+            break
+    return tuple(int(x) for x in current[:stages]), value, paths, tuple(int(x) for x in current[stages:])
