@@ -75,7 +75,6 @@ import re
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
-from scipy.signal import fftconvolve
 
 from costmodel.compute import ComputeModel
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
@@ -301,8 +300,9 @@ def held_chunks(schedule: str, pp: int, vp: int, microbatches: int, group: int |
             elif op.kind == "B":
                 held[c] -= 1
         vectors = np.array(sorted(seen))
-        keep = [i for i, v in enumerate(vectors) if not any((w >= v).all() and (w > v).any() for w in vectors)]
-        out.append(vectors[keep])
+        # v is dominated where some w holds at least as many of every chunk (and they differ: the set holds each once)
+        dominated = (vectors[None, :, :] >= vectors[:, None, :]).all(axis=2).sum(axis=1) > 1
+        out.append(vectors[~dominated])
     return tuple(out)
 
 
@@ -708,12 +708,16 @@ def update_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
     def reachable(cap: float) -> bool:
         """Whether the ranks, each holding a count vector whose value is at most `cap`, can hold
         every layer: the per-kind totals reachable rank by rank, a sum of sets (a convolution of
-        their indicator arrays, by FFT; counts of ways, so 0.5 separates none from some)."""
+        their indicator arrays, by numpy's FFT: scipy.signal.fftconvolve's import alone took
+        1.7 s; counts of ways, so 0.5 separates none from some)."""
         held = np.zeros(shape)
         held[(0,) * len(kinds)] = 1.0
+        full = tuple(2 * n - 1 for n in shape)  # the convolution's shape: no wrap-around
         for r in range(len(stages)):
             allowed = (values[r] <= cap).reshape(shape).astype(float)
-            held = (fftconvolve(held, allowed)[tuple(slice(0, n) for n in shape)] > 0.5).astype(float)
+            axes = tuple(range(len(full)))
+            ways = np.fft.irfftn(np.fft.rfftn(held, full, axes) * np.fft.rfftn(allowed, full, axes), full, axes)
+            held = (ways[tuple(slice(0, n) for n in shape)] > 0.5).astype(float)
         return bool(held[tuple(n - 1 for n in shape)] > 0.5)
 
     if not reachable(candidates[-1]):  # no layout fits the tables: nothing to bound but the layouts memory aside
