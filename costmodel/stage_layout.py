@@ -300,8 +300,10 @@ def held_chunks(schedule: str, pp: int, vp: int, microbatches: int, group: int |
             elif op.kind == "B":
                 held[c] -= 1
         vectors = np.array(sorted(seen))
-        # v is dominated where some w holds at least as many of every chunk (and they differ: the set holds each once)
-        dominated = (vectors[None, :, :] >= vectors[:, None, :]).all(axis=2).sum(axis=1) > 1
+        # v is dominated where some w holds at least as many of every chunk (and they differ: the
+        # set holds each once); compared a block of rows at a time, to bound the memory at large m
+        dominated = np.concatenate([(vectors[None, :, :] >= vectors[i:i + 256, None, :]).all(axis=2).sum(axis=1) > 1
+                                    for i in range(0, len(vectors), 256)])
         out.append(vectors[~dominated])
     return tuple(out)
 
@@ -713,9 +715,9 @@ def update_floor_s(ctx: LayoutContext, least_recompute=None) -> float:
         held = np.zeros(shape)
         held[(0,) * len(kinds)] = 1.0
         full = tuple(2 * n - 1 for n in shape)  # the convolution's shape: no wrap-around
+        axes = tuple(range(len(full)))
         for r in range(len(stages)):
             allowed = (values[r] <= cap).reshape(shape).astype(float)
-            axes = tuple(range(len(full)))
             ways = np.fft.irfftn(np.fft.rfftn(held, full, axes) * np.fft.rfftn(allowed, full, axes), full, axes)
             held = (ways[tuple(slice(0, n) for n in shape)] > 0.5).astype(float)
         return bool(held[tuple(n - 1 for n in shape)] > 0.5)
