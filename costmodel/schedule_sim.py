@@ -433,8 +433,7 @@ class CompiledSchedule:
     inputs: np.ndarray  # [entry, width] entries whose output an op of the entry consumes, from outside it (n: none)
     crosses: np.ndarray  # [entry, width] that input comes from another rank
     sends: np.ndarray  # [entry] outputs of the entry that leave the rank
-    levels: tuple[np.ndarray, ...]  # entries by depth (one more than the deepest of previous and inputs)
-    steps: tuple[Level, ...]  # the levels with what their entries wait for, in time_entries' form
+    steps: tuple[Level, ...]  # entries by depth (one more than the deepest of previous and inputs), with what they wait for
     peak_in_flight: np.ndarray  # [rank] chunk activations held at the peak
 
     @property
@@ -499,19 +498,18 @@ def compile_schedule(ops: list[list[Entry]]) -> CompiledSchedule:
         raise ValueError(f"schedule deadlocks: each waiting rank's next op needs an op that cannot run: {stuck}")
     order = np.argsort(level, kind="stable")
     edges = np.searchsorted(level[order], np.arange(level.max() + 2))
-    levels = tuple(order[edges[i]:edges[i + 1]] for i in range(len(edges) - 1))
     # each level's columns, as views of the entries sorted by level (one row per input column)
     previous_sorted, inputs_sorted, crosses_sorted = previous[order], inputs[order].T.copy(), crosses[order].T.copy()
     used = np.logical_or.reduceat(inputs_sorted < n, edges[:-1], axis=1)  # [column, level] some entry has that input
     crossing = np.logical_or.reduceat(crosses_sorted, edges[:-1], axis=1)
-    steps = tuple(Level(entries=levels[i], previous=previous_sorted[lo:hi],
+    steps = tuple(Level(entries=order[lo:hi], previous=previous_sorted[lo:hi],
                         inputs=tuple(inputs_sorted[j, lo:hi] for j in np.flatnonzero(used[:, i])),
                         crosses=tuple(crosses_sorted[j, lo:hi] if crossing[j, i] else None for j in np.flatnonzero(used[:, i])))
                   for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])))
     return CompiledSchedule(
         ops=tuple(ops), pp=layout.pp, vp=layout.vp, stages=stages,
         rank_of_stage=layout.rank_of_stage, chunk_of_stage=layout.chunk_of_stage, split_backward=split_backward,
-        offsets=offsets, op_index=op_index, previous=previous, inputs=inputs, crosses=crosses, sends=sends, levels=levels, steps=steps,
+        offsets=offsets, op_index=op_index, previous=previous, inputs=inputs, crosses=crosses, sends=sends, steps=steps,
         peak_in_flight=np.array([_peak_in_flight(rank_ops) for rank_ops in ops]),
     )
 

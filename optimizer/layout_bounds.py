@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 from costmodel.stage_layout import LayoutContext, StageLayout, unit_costs
 from optimizer import cp_solver
 from optimizer.layout_linear import BYTE_SCALE, LinearLayouts, least_recompute_var, over_capacity_without_recompute
-from optimizer.layout_rounds import Answers, TIME_SCALE, clipped_prefix, path_sum, round_solver, run_count_vars
+from optimizer.layout_rounds import Answers, answers_by, TIME_SCALE, clipped_prefix, path_sum, round_solver, run_count_vars
 from optimizer.schedule_graph import chunk_segments_hold, schedule_graph, segment_paths
 
 
@@ -206,7 +206,7 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
         found = Answers(t + x)
         left = time_limit_s - (time.perf_counter() - start)
         solver = round_solver(left, workers)  # as the free search's rounds (round_below)
-        status = cp_solver.solve(solver, model, found, stop_when=found.stop_after(round_limit_s if left >= 2 * round_limit_s else None))
+        status = cp_solver.solve(solver, model, found, stop_when=found.stop_after(answers_by(round_limit_s, left)))
         if status == cp_model.INFEASIBLE:
             return goal_s - 2 * slack, new_paths
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):

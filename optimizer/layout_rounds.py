@@ -91,6 +91,13 @@ def round_solver(time_limit_s: float, workers: int) -> cp_model.CpSolver:
     return solver
 
 
+def answers_by(round_limit_s: float, left_s: float) -> float | None:
+    """When a round with `left_s` seconds to go stops once it has answers (round_below's
+    answers_by_s): round_limit_s in, where two rounds' time is left; else never (None), the
+    round takes all the time left, since a round cut short loses its presolve and LP with it."""
+    return round_limit_s if left_s >= 2 * round_limit_s else None
+
+
 def round_below(model: cp_model.CpModel, z, variables, incumbent_s: float, slack_s: float, time_limit_s: float,
                 workers: int, under_s: float = 0.0, answers_by_s: float | None = None) -> tuple[int, float, list]:
     """One round that asks CP-SAT only for layouts the model prices below the incumbent

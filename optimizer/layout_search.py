@@ -66,6 +66,7 @@ from optimizer.layout_linear import (
 from optimizer.layout_rounds import (
     LayoutSolution,
     TIME_SCALE,
+    answers_by,
     layout_makespan,
     memo_scorer,
     path_of,
@@ -598,7 +599,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 # rounds' time is left, this one takes it all (Llama 3 405B's 128-stage model
                 # presolves for ~1 s of a 4 s round)
                 status, proved, answers = round_below(model, z, vars_, best_makespan, slack, remaining, workers, under_s=slack,
-                                                      answers_by_s=round_limit_s if remaining >= 2 * round_limit_s else None)
+                                                      answers_by_s=answers_by(round_limit_s, remaining))
                 rounds += 1
                 bound = max(bound, proved)
                 if status == cp_model.INFEASIBLE:

@@ -381,28 +381,28 @@ def test_time_entries_times_many_sets_of_seconds_as_it_times_each(schedule, pp, 
     column, exactly (==) what K single calls give, with a hop and blocking sends too; and a
     single call's ends are simulate's."""
     rng = np.random.default_rng(pp * 10 + m)
-    schedule_ = compile_schedule(schedule_ops(schedule, pp, vp, m))
+    compiled = compile_schedule(schedule_ops(schedule, pp, vp, m))
     k = 5
     op_seconds = np.concatenate([rng.uniform(0.1, 2.0, (3 * pp * vp, k)), np.zeros((1, k))])
     if schedule != "dualpipev":
         op_seconds[2 * pp * vp:3 * pp * vp] = 0.0  # no weight-gradient passes: their seconds are never read
     hop = 0.0137
-    send_s = hop * schedule_.sends
-    batch = time_entries(schedule_, op_seconds, hop, send_s, starts=True)
-    assert batch.end.shape == (schedule_.entries + 1, k)
+    send_s = hop * compiled.sends
+    batch = time_entries(compiled, op_seconds, hop, send_s, starts=True)
+    assert batch.end.shape == (compiled.entries + 1, k)
     for j in range(k):
-        one = time_entries(schedule_, op_seconds[:, j], hop, send_s, starts=True)
+        one = time_entries(compiled, op_seconds[:, j], hop, send_s, starts=True)
         for field in ("duration", "start", "end", "free"):
             assert np.array_equal(getattr(batch, field)[:, j], getattr(one, field)), field
-    where = (np.asarray(schedule_.rank_of_stage), np.asarray(schedule_.chunk_of_stage))
+    where = (np.asarray(compiled.rank_of_stage), np.asarray(compiled.chunk_of_stage))
     per_chunk = [np.zeros((pp, vp)) for _ in range(3)]
     for kind in range(3):
         per_chunk[kind][where] = op_seconds[kind * pp * vp:(kind + 1) * pp * vp, 0]
     weight = per_chunk[2] if schedule == "dualpipev" else None
-    result = simulate(schedule_, per_chunk[0], per_chunk[1], hop, weight_s=weight, p2p_blocking=True)
-    one = time_entries(schedule_, op_seconds[:, 0], hop, send_s)
+    result = simulate(compiled, per_chunk[0], per_chunk[1], hop, weight_s=weight, p2p_blocking=True)
+    one = time_entries(compiled, op_seconds[:, 0], hop, send_s)
     assert one.start is None
-    spans = zip(schedule_.offsets[:-1], schedule_.offsets[1:])
+    spans = zip(compiled.offsets[:-1], compiled.offsets[1:])
     assert all(np.array_equal(one.end[a:b], e) for (a, b), e in zip(spans, result.end_s))
 
 
