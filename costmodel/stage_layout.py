@@ -47,9 +47,12 @@ configuration with block N, and one recomputing nothing as recompute none
 Megatron takes one --recompute-num-layers for every chunk: `StageLayout.uniform_recompute`
 says which N a layout's counts are, if any.
 
-Supported skeletons: 1f1b, interleaved_1f1b and dualpipev schedules, ZeRO 0-1, no activation
-offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those
-features make a rank's memory depend on its layers in ways the linear layout search
+Supported skeletons: every schedule costmodel.schedule_sim builds op lists for (1f1b,
+interleaved_1f1b, Llama 3's flexible with its nc micro-batches per round, afab / looped GPipe,
+dualpipev: a layout is scored on the skeleton's own op lists and in-flight vectors, so on
+Megatron's split it is the exact model under each of them), ZeRO 0-1, no activation offload, no
+FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those features
+make a rank's memory depend on its layers in ways the linear layout search
 (optimizer.layout_search) does not model yet.
 
 DualPipeV (`StageLayout.vee`): rank r holds stages r and 2pp - 1 - r (its V), so rank 0 holds
@@ -366,16 +369,10 @@ class LayoutContext:
         return rank_stages(self.pp, self.vp, self.vee)
 
 
-SUPPORTED_SCHEDULES = ("1f1b", "interleaved_1f1b", "dualpipev")
-
-
 def check_supported(cfg: ConfigBatch) -> None:
-    """Refuse skeletons whose memory or time the per-chunk layout model does not cover."""
-    names = {v: k for k, v in PP_SCHEDULE_CODES.items()}
-    schedule = names[int(cfg.pp_schedule[0])]
+    """Refuse skeletons whose memory or time the per-chunk layout model does not cover. Every
+    schedule is covered: a layout is scored on the skeleton's own op lists (schedule_ops)."""
     problems = []
-    if schedule not in SUPPORTED_SCHEDULES:
-        problems.append(f"pp_schedule {schedule} (supported: {', '.join(SUPPORTED_SCHEDULES)})")
     if cfg.zero_stage[0] > 1:
         problems.append(f"zero_stage {int(cfg.zero_stage[0])} (supported: 0, 1)")
     x = cfg.derived()

@@ -75,6 +75,31 @@ def test_megatron_split_scores_as_the_exact_model(llama):
     assert score.step_time_s == pytest.approx(score.pipeline_s + score.update_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("schedule,vp,group,gpus", [("flexible", 8, 32, 8192), ("afab", 8, 0, 16384), ("afab", 1, 0, 16384)])
+def test_megatron_split_scores_as_the_exact_model_under_every_schedule(schedule, vp, group, gpus):
+    """Llama 3's flexible schedule (nc = 32 micro-batches per round on pp 16: 8,192 GPUs, 32
+    micro-batches) and all-forward-all-backward (looped and plain GPipe): the scorer, on the
+    skeleton's own op lists and in-flight vectors, reproduces evaluate's peak, closed-form
+    pipeline, exposed P2P and DP/update on Megatron's split to 1e-9, as it does for Megatron's
+    schedules. Under flexible the peak is above interleaved 1F1B's (nc - pp more micro-batches in
+    flight per chunk on every rank), so the test sees the round size."""
+    from costmodel.specs import PP_SCHEDULES
+
+    problem = load_problem("problems/tuning/llama3_405b_16384xh100_seq8k.yaml", ["config=null"])
+    columns = dict(tp=8, pp=16, vp=vp, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
+    cfg = ConfigBatch.from_columns(gpus, pp_schedule=PP_SCHEDULES.index(schedule), pp_group=group, **columns)
+    e = evaluate(problem, cfg)
+    score = score_layout(layout_context(problem, cfg), megatron_layout(126, 0, 16, vp, 7, 7))
+    assert score.peak_bytes.max() == pytest.approx(float(e.memory_bytes["peak"][0]), rel=1e-9)
+    closed = float(e.step_time_s[0] - e.breakdown_s["dp"][0] - e.breakdown_s["update"][0] - e.breakdown_s["pp"][0])
+    assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
+    assert score.pp_exposed_s == pytest.approx(float(e.breakdown_s["pp"][0]), rel=1e-9)
+    assert score.update_s == pytest.approx(float(e.breakdown_s["dp"][0] + e.breakdown_s["update"][0]), rel=1e-9)
+    if schedule == "flexible":
+        interleaved = ConfigBatch.from_columns(gpus, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
+        assert score.peak_bytes.max() > score_layout(layout_context(problem, interleaved), megatron_layout(126, 0, 16, vp, 7, 7)).peak_bytes.max()
+
+
 def test_a_rank_with_more_layers_reduces_and_updates_more(llama):
     """The step's DP reduce and update are the busiest rank's (rank_update_s), not the
     skeleton's: moving four layers onto rank 15 (11 layers, where the split's ranks hold 7 or 8)
