@@ -28,7 +28,7 @@ from costmodel.placement import place, stage_groups
 from costmodel.reliability import end_to_end_s, failure_rate_per_s, optimal_interval, steady_state_ettr
 from costmodel.specs import MOE_CHUNK_BINS, Problem
 from costmodel.units import DTYPE_BYTES, GB, GIB, TFLOP, US, optimizer_state_bytes
-from costmodel.update import cooldown_passes, optimizer_time, window_traffic, zero3_gathers
+from costmodel.update import cooldown_passes, optimizer_time, window_compute_s, window_traffic, zero3_gathers, zero3_gathers_per_step
 
 #: step-time ledger: per-micro-batch terms of the pacing rank (times the micro-batches), then the
 #: pipeline's own terms, then the step-level ones; fsdp = ZeRO-3 parameter gathers and ZeRO-2/3
@@ -383,15 +383,12 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
         if x.any_zero2:
             dense_p, expert_p = params[k]
             per_mb = sum(parts[key][-1] for key in ("compute", "recompute", "tp", "cp", "ep", "offload"))  # one micro-batch, both passes
-            gaps = np.maximum(windows * v, 1.0)  # stretches of compute between two gradient windows of a stage, per step
             prefetch_used = zero
             if x.any_zero3:
                 expert_per_layer = both("expert_params") / layers
                 dense_per_layer = both("params") / layers - expert_per_layer
                 edge_params = rank.first * lc.embedding_params + rank.last * lc.head_params
-                freed = cfg.reshard_after_forward == 1
-                gathers_f = np.where(freed | (cfg.pp == 1), micro, windows)
-                gathers_b = np.where(freed, micro, 0.0)
+                gathers_f, gathers_b = zero3_gathers_per_step(cfg.reshard_after_forward, cfg.pp, micro, windows)
                 f_layer = layer_forward / layers
                 # the backward prefetch hides behind the layer's own backward (with its recompute
                 # and exposed communication), not a multiple of the forward: a feature that
@@ -404,7 +401,7 @@ def _evaluate(problem: Problem, cfg: ConfigBatch, with_bounds: bool = False) -> 
                 prefetch_used = gathers.window_used
             # one overlap budget: a window's reduce-scatter hides behind the compute between two
             # windows that the parameter prefetches of the same stretch do not already overlap
-            stage_gap = (micro * per_mb - prefetch_used) / gaps
+            stage_gap = window_compute_s(micro, per_mb, prefetch_used, windows, v)
             window_exposed = window_traffic(dense_p, expert_p, v, x, groups, net, hw, d_grad, windows, stage_gap, moe) / micro
             fsdp = fsdp / micro + window_exposed
         parts["fsdp"].append(fsdp)

@@ -31,6 +31,9 @@ costmodel.evaluate prices a rank class: the rank's parameters from its ledger, i
 backward as the overlap window), the busiest rank's counting: a layout that piles layers on a
 rank gives it more gradients to reduce (Llama 3 405B cp 1 on pp 16 x vp 8, 12 layers on rank 14:
 0.50 s against the even split's 0.33 s). For a Megatron split it equals the exact model's term.
+ZeRO-2/3's traffic inside the pipeline (FSDP's layer gathers, the earlier gradient windows'
+reduce-scatters) is each stage's own (`zero_traffic_s`: the exact model's terms of a rank, applied
+to the stage); the memory ledger is the rank's (sharded states, gathered layers, gradient window).
 
 Per-stage full recompute (`StageLayout.recompute`): where the skeleton has full recompute (any
 method and N), a layout says how many decoder layers of each stage are fully recomputed, its
@@ -50,10 +53,11 @@ says which N a layout's counts are, if any.
 Supported skeletons: every schedule costmodel.schedule_sim builds op lists for (1f1b,
 interleaved_1f1b, Llama 3's flexible with its nc micro-batches per round, afab / looped GPipe,
 dualpipev: a layout is scored on the skeleton's own op lists and in-flight vectors, so on
-Megatron's split it is the exact model under each of them), ZeRO 0-1, no activation offload, no
-FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the reason. Those features
-make a rank's memory depend on its layers in ways the linear layout search
-(optimizer.layout_search) does not model yet.
+Megatron's split it is the exact model under each of them), ZeRO 0-3 (the layout search,
+whose linear model ZeRO-2/3's per-stage traffic is not, refuses ZeRO-2/3: optimizer.layout_linear),
+no activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
+reason. Those features make a rank's memory depend on its layers in ways the linear layout
+search (optimizer.layout_search) does not model yet.
 
 DualPipeV (`StageLayout.vee`): rank r holds stages r and 2pp - 1 - r (its V), so rank 0 holds
 the embedding's stage and the head's. Its op lists are DeepSeek's order as PyTorch ports it
@@ -82,14 +86,14 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from costmodel.compute import ComputeModel
 from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
-from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory
+from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory, rank_params
 from costmodel.network import Network
-from costmodel.pipeline import RankLayers, pipeline_compute_s, pipeline_time, simulated_schedule, stage_sizes
+from costmodel.pipeline import RankLayers, grad_windows, pipeline_compute_s, pipeline_time, simulated_schedule, stage_sizes
 from costmodel.placement import stage_groups
 from costmodel.schedule_sim import CompiledSchedule, compile_schedule, flat_ops, schedule_ops, simulate
 from costmodel.specs import Problem
 from costmodel.units import DTYPE_BYTES, US
-from costmodel.update import cooldown_passes, optimizer_time
+from costmodel.update import cooldown_passes, optimizer_time, window_compute_s, window_traffic, zero3_gathers, zero3_gathers_per_step
 
 SYMBOLS = "EtmL"
 
@@ -373,8 +377,6 @@ def check_supported(cfg: ConfigBatch) -> None:
     """Refuse skeletons whose memory or time the per-chunk layout model does not cover. Every
     schedule is covered: a layout is scored on the skeleton's own op lists (schedule_ops)."""
     problems = []
-    if cfg.zero_stage[0] > 1:
-        problems.append(f"zero_stage {int(cfg.zero_stage[0])} (supported: 0, 1)")
     x = cfg.derived()
     if x.any_offload:
         problems.append("activation offload")
@@ -509,12 +511,71 @@ def stage_weights(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
 
 
 def stage_times(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward seconds of one micro-batch of each stage (model order)."""
+    """Forward and backward seconds of one micro-batch of each stage (model order), with
+    ZeRO-2/3's traffic inside the pipeline where the skeleton shards gradients (zero_traffic_s)."""
     counts = stage_kind_counts(ctx, layout)
     first = np.arange(layout.stages) == 0
     last = np.arange(layout.stages) == layout.stages - 1
     recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    return chunk_times(unit_costs(ctx), counts, np.asarray(layout.mtp, dtype=float), first, last, recomputed)
+    mtp = np.asarray(layout.mtp, dtype=float)
+    forward, backward = chunk_times(unit_costs(ctx), counts, mtp, first, last, recomputed)
+    if ctx.cfg.derived().any_zero2:
+        extra_f, extra_b = zero_traffic_s(ctx, layout, counts, mtp, forward + backward)
+        forward, backward = forward + extra_f, backward + extra_b
+    return forward, backward
+
+
+def zero_traffic_s(ctx: LayoutContext, layout: StageLayout, counts: np.ndarray, mtp: np.ndarray, both_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-2/3's data-parallel traffic inside the pipeline, per stage (model order), seconds per
+    micro-batch added to its forward and its backward: costmodel.evaluate's terms of a rank
+    (costmodel.update: zero3_gathers, window_traffic, window_compute_s), each stage priced on its
+    own layers and parameters as a rank of one virtual stage. ZeRO-3 gathers a stage's layers,
+    the first exposed and the rest prefetched behind the layer before (an empty stage gathers
+    nothing), the embedding and the head with the stages that hold them; a stage's earlier
+    gradient windows reduce-scatter its own gradients behind its rank's compute between two
+    windows, less what the rank's prefetches overlap (one budget per rank, as the exact model
+    keeps it). Where a rank's stages are alike the sums over them are the exact model's terms;
+    where they differ (a first or last stage with the embedding or the head, a stage emptied by
+    the layout) this is finer: a heavy stage's reduce-scatter hides less. counts: [stage, kind]
+    layers (MTP included); mtp: MTP modules per stage; both_s: each stage's forward + backward
+    seconds without it (the compute the windows hide behind)."""
+    lc, cfg, x = ctx.lc, ctx.cfg_plain, ctx.cfg_plain.derived()
+    hw, tr = ctx.problem.hardware, ctx.problem.training
+    moe = ctx.problem.model.moe is not None
+    stages = layout.stages
+    micro = np.array([float(ctx.microbatches)])
+    windows = grad_windows(cfg, micro)
+    first = np.arange(stages) == 0
+    last = np.arange(stages) == stages - 1
+    per_kind = [counts[:, k] for k in range(len(ctx.kinds))]
+    # each stage's parameters as costmodel.memory composes a rank's: the embedding with stage 0,
+    # the head and the MTP modules' projections with the stages holding them
+    dense_s, expert_s = rank_params(RankLayers(per_kind, False, last), lc, ctx.mc.tied_embeddings, mtp)
+    dense_s, expert_s = np.array(dense_s, dtype=float), np.array(expert_s, dtype=float)
+    head_of_first = rank_params(RankLayers([c[:1] for c in per_kind], True, last[:1]), lc, ctx.mc.tied_embeddings, mtp[:1])
+    dense_s[0], expert_s[0] = _scalar(head_of_first[0]), _scalar(head_of_first[1])
+    u = unit_costs(ctx)
+    layers = counts.sum(axis=1)
+    per_layer = np.maximum(layers, 1.0)
+    used = np.zeros(stages)
+    extra_f, extra_b = np.zeros(stages), np.zeros(stages)
+    d_para, d_grad = tr.bytes_of("params"), tr.bytes_of("grads")
+    if x.any_zero3:
+        expert_layer = counts @ np.array([_scalar(k.expert_params) for k in lc.kinds])
+        dense_layer = counts @ np.array([_scalar(k.params) for k in lc.kinds]) - expert_layer
+        edge_params = first * _scalar(lc.embedding_params) + last * _scalar(lc.head_params)
+        gathers_f, gathers_b = zero3_gathers_per_step(cfg.reshard_after_forward, cfg.pp, micro, windows)
+        f_layer = counts @ u["kind_forward"] / per_layer
+        b_layer = counts @ u["kind_total"] / per_layer - f_layer
+        gathers = zero3_gathers(dense_layer / per_layer, expert_layer / per_layer, edge_params, layers, gathers_f, gathers_b, 1.0, x, ctx.groups,
+                                ctx.net, hw, d_para, f_layer, b_layer, moe)
+        extra_f, extra_b = gathers.exposed_f / micro, gathers.exposed_b / micro
+        used = gathers.window_used + np.zeros(stages)
+    compute = both_s - 2.0 * u["overhead"]  # costmodel.evaluate's per_mb: the passes without the chunk overheads
+    rank_of = np.array(stage_ranks(ctx.pp, ctx.vp, ctx.vee))
+    gap = window_compute_s(micro, np.bincount(rank_of, compute, ctx.pp), np.bincount(rank_of, used, ctx.pp), windows, ctx.vp)
+    window = window_traffic(dense_s, expert_s, 1.0, x, ctx.groups, ctx.net, hw, d_grad, windows, gap[rank_of], moe) / micro
+    return extra_f + np.zeros(stages), extra_b + window + np.zeros(stages)
 
 
 def chunk_times(u: dict, counts: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray,

@@ -177,6 +177,23 @@ def optimizer_time(dense_params, expert_params, x, groups, net, hw, dtypes, comp
     return OptimizerTime(exposed, update)
 
 
+def window_compute_s(microbatches, per_microbatch_s, prefetch_used_s, windows, vp):
+    """The compute a gradient window's reduce-scatter can hide behind (`window_traffic`): a rank's
+    compute of one step (per_microbatch_s: both passes of one micro-batch over all its chunks)
+    over the stretches between two windows of a stage (windows * vp per step), less what ZeRO-3's
+    prefetches of the same step already overlap (`Zero3Gathers.window_used`: one overlap budget)."""
+    return (microbatches * per_microbatch_s - prefetch_used_s) / np.maximum(windows * vp, 1.0)
+
+
+def zero3_gathers_per_step(reshard_after_forward, pp, microbatches, windows):
+    """(forward, backward) all-gathers of each virtual stage's parameters per step under ZeRO-3:
+    freed after the forward (reshard_after_forward), gathered again for every micro-batch's
+    forward and backward; kept, once per gradient window in the forward (every micro-batch without
+    a pipeline) and never in the backward."""
+    freed = reshard_after_forward == 1
+    return np.where(freed | (pp == 1), microbatches, windows), np.where(freed, microbatches, 0.0)
+
+
 def window_traffic(dense_params, expert_params, vp, x, groups, net, hw, d_grad, windows, window_compute, moe: bool):
     """ZeRO-2/3: the reduce-scatters of the gradient windows before each stage's last, per step,
     of one rank (its vp virtual stages), each hidden behind the next window's compute when DP
@@ -216,8 +233,9 @@ def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, 
     ag = gather_params(d_para * dense_per_layer, d_para * expert_per_layer, groups, net, moe)
     coef, on = hw.efficiency.dp_overlap, x.dp_overlap
     rest = np.maximum(stage_layers - 1.0, 0.0)
-    per_f = ag + rest * hidden(ag, forward_per_layer, coef, on)
-    per_b = ag + rest * hidden(ag, backward_per_layer, coef, on)
+    held = np.asarray(stage_layers) > 0  # a stage without layers gathers none (a layout's empty stage)
+    per_f = held * (ag + rest * hidden(ag, forward_per_layer, coef, on))
+    per_b = held * (ag + rest * hidden(ag, backward_per_layer, coef, on))
     used = rest * (gathers_f * window_used(ag, forward_per_layer, coef, on) + gathers_b * window_used(ag, backward_per_layer, coef, on))
     edges = gathers_f * net.all_gather(d_para * edge_params, groups.shard)
     return Zero3Gathers(x.shard_params * (vp * gathers_f * per_f + edges), x.shard_params * vp * gathers_b * per_b, x.shard_params * vp * used)

@@ -31,6 +31,7 @@ from ortools.sat.python import cp_model
 
 from costmodel.stage_layout import (
     LayoutContext,
+    LayoutError,
     StageLayout,
     chunk_times,
     rank_ledger,
@@ -105,6 +106,11 @@ class LinearLayouts:
     word on what fits."""
 
     def __init__(self, ctx: LayoutContext):
+        if ctx.cfg.derived().any_zero2:
+            # a stage's first exposed gather and its windows' reduce-scatters behind its rank's
+            # compute (costmodel.stage_layout.zero_traffic_s) are not linear in the layer counts
+            raise LayoutError(f"the layout search does not model zero_stage {int(ctx.cfg.zero_stage[0])} (its traffic inside the pipeline is "
+                              "not linear in a stage's layers; supported: 0, 1); `mofa evaluate --pipeline-layout` scores a layout under it")
         self.ctx = ctx
         u = unit_costs(ctx)
         self.stages = ctx.pp * ctx.vp

@@ -91,6 +91,33 @@ def test_other_schedules_match_enumeration(tmp_path, model, schedule, pp, vp, gr
     assert solution.lower_bound_s <= solution.makespan_s * (1 + 1e-9)
 
 
+def test_zero_3_layouts_are_scored_not_searched(tmp_path):
+    """Under ZeRO-3 a stage's first gather is exposed and its windows' reduce-scatters hide
+    behind its rank's compute: not linear in its layers, so the search refuses the skeleton by
+    name (`mofa solve --pipeline-layouts` reports it as `refused`), where the scorer prices any
+    layout (`mofa evaluate --pipeline-layout`): a stage's FSDP traffic grows with its layers."""
+    import numpy as np
+
+    from costmodel.stage_layout import score_layout, stage_times
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_search import layout_report
+
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    problem = load_problem(str(path), [])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=3, reshard_after_forward=1, dp_overlap=1)
+    ctx = layout_context(problem, cfg)
+    with pytest.raises(LayoutError, match="does not model zero_stage 3"):
+        LinearLayouts(ctx)
+    report, layout = layout_report(problem, cfg, 1.0)
+    assert "zero_stage 3" in report["refused"] and layout is None
+    plain = layout_context(problem, ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=1))
+    heavy = StageLayout.from_stage_sizes(2, 2, [1, 1, 1, 5], 0)
+    sharded, unsharded = np.add(*stage_times(ctx, heavy)), np.add(*stage_times(plain, heavy))
+    assert (sharded > unsharded).all() and np.argmax(sharded - unsharded) == 3
+    assert score_layout(ctx, heavy).fits
+
+
 @pytest.mark.parametrize("memory_mib", [81559, 38000, 36000])
 def test_stage_dp_agrees(tmp_path, memory_mib):
     """MPE eq. 3 over stages (vp = 1) reaches the same optimum as CP-SAT and enumeration, and
