@@ -224,8 +224,9 @@ class Zero3Gathers:
 def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, gathers_f, gathers_b, vp, x, groups, net, hw, d_para, forward_per_layer, backward_per_layer, moe: bool) -> Zero3Gathers:
     """ZeRO-3: the parameter all-gathers of one rank in one step. Each gather of a virtual stage
     exposes its first layer and prefetches the rest behind the previous layer's compute (FSDP's
-    prefetch, with DP overlap; all exposed without); the root unit (embedding, head) is gathered
-    once per forward on the ranks that hold it. gathers_f/_b: gathers of each stage per step in
+    prefetch, with DP overlap; all exposed without); a stage without layers gathers none (of vp
+    stages of stage_layers = L / vp layers, min(vp, L) hold one); the root unit (embedding, head)
+    is gathered once per forward on the ranks that hold it. gathers_f/_b: gathers of each stage per step in
     the forward / backward (per micro-batch when parameters are freed after the forward)."""
     if not np.any(x.shard_params):
         zero = 0.0 * dense_per_layer
@@ -233,9 +234,12 @@ def zero3_gathers(dense_per_layer, expert_per_layer, edge_params, stage_layers, 
     ag = gather_params(d_para * dense_per_layer, d_para * expert_per_layer, groups, net, moe)
     coef, on = hw.efficiency.dp_overlap, x.dp_overlap
     rest = np.maximum(stage_layers - 1.0, 0.0)
-    held = np.asarray(stage_layers) > 0  # a stage without layers gathers none (a layout's empty stage)
-    per_f = held * (ag + rest * hidden(ag, forward_per_layer, coef, on))
-    per_b = held * (ag + rest * hidden(ag, backward_per_layer, coef, on))
-    used = rest * (gathers_f * window_used(ag, forward_per_layer, coef, on) + gathers_b * window_used(ag, backward_per_layer, coef, on))
+    # stages that hold a layer, each exposing its first gather: every one, except where a rank
+    # holds fewer layers than stages (Meta's 126-layer split: 7 layers on 8 chunks, the
+    # embedding's chunk none) or a layout's stage is empty, which gathers nothing
+    held = np.minimum(vp, vp * np.asarray(stage_layers, dtype=float))
+    per_f = held * ag + vp * rest * hidden(ag, forward_per_layer, coef, on)
+    per_b = held * ag + vp * rest * hidden(ag, backward_per_layer, coef, on)
+    used = vp * rest * (gathers_f * window_used(ag, forward_per_layer, coef, on) + gathers_b * window_used(ag, backward_per_layer, coef, on))
     edges = gathers_f * net.all_gather(d_para * edge_params, groups.shard)
-    return Zero3Gathers(x.shard_params * (vp * gathers_f * per_f + edges), x.shard_params * vp * gathers_b * per_b, x.shard_params * vp * used)
+    return Zero3Gathers(x.shard_params * (gathers_f * per_f + edges), x.shard_params * gathers_b * per_b, x.shard_params * used)
