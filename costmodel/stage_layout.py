@@ -53,8 +53,9 @@ says which N a layout's counts are, if any.
 Supported skeletons: every schedule costmodel.schedule_sim builds op lists for (1f1b,
 interleaved_1f1b, Llama 3's flexible with its nc micro-batches per round, afab / looped GPipe,
 dualpipev: a layout is scored on the skeleton's own op lists and in-flight vectors, so on
-Megatron's split it is the exact model under each of them), ZeRO 0-3 (the layout search,
-whose linear model ZeRO-2/3's per-stage traffic is not, refuses ZeRO-2/3: optimizer.layout_linear),
+Megatron's split it is the exact model under each of them), ZeRO 0-3 (the layout search, whose
+linear model ZeRO-2/3's per-stage traffic is not, refuses ZeRO-3 and ZeRO-2 with more than one
+gradient window per stage: optimizer.layout_linear.check_linear),
 no activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
 reason. Those features make a rank's memory depend on its layers in ways the linear layout
 search (optimizer.layout_search) does not model yet.

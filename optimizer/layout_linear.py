@@ -29,6 +29,7 @@ import math
 import numpy as np
 from ortools.sat.python import cp_model
 
+from costmodel.pipeline import grad_windows
 from costmodel.stage_layout import (
     LayoutContext,
     LayoutError,
@@ -98,6 +99,26 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
     return base0, base, trans0, trans, head, mtp_act
 
 
+def check_linear(ctx: LayoutContext) -> None:
+    """Refuse skeletons whose stage times are not linear in the layer counts: ZeRO-3, whose
+    stages expose their first layer's gather (none where empty) and prefetch the rest, and
+    ZeRO-2 where a stage reduces its gradients more than once per step (its earlier windows'
+    reduce-scatters hide behind its rank's compute: costmodel.stage_layout.zero_traffic_s).
+    ZeRO-2 with one window per stage (1F1B, all-forward-all-backward, interleaved with as many
+    micro-batches as a round: Llama 3's m = nc = pp) adds no time inside the pipeline, and its
+    ledger (sharded states, a gradient window of two stages' share of the rank's) is affine in
+    the counts like ZeRO-1's."""
+    cfg = ctx.cfg
+    x = cfg.derived()
+    windows = float(grad_windows(cfg, np.array([float(ctx.microbatches)]))[0])
+    if x.any_zero3 or (x.any_zero2 and windows > 1):
+        why = ("its stages' layer gathers" if x.any_zero3 else
+               f"the reduce-scatters of its stages' earlier gradient windows ({windows:g} per stage per step)")
+        raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: {why} are not linear in a "
+                          "stage's layers (supported: ZeRO 0-1, and ZeRO-2 with one gradient window per stage); "
+                          "`mofa evaluate --pipeline-layout` scores a layout under it")
+
+
 class LinearLayouts:
     """A skeleton's layouts in the linear form the search works with, vectorized over many
     layouts: layers of each kind-run per stage (clipped prefix sums), per-stage forward and
@@ -106,11 +127,7 @@ class LinearLayouts:
     word on what fits."""
 
     def __init__(self, ctx: LayoutContext):
-        if ctx.cfg.derived().any_zero2:
-            # a stage's first exposed gather and its windows' reduce-scatters behind its rank's
-            # compute (costmodel.stage_layout.zero_traffic_s) are not linear in the layer counts
-            raise LayoutError(f"the layout search does not model zero_stage {int(ctx.cfg.zero_stage[0])} (its traffic inside the pipeline is "
-                              "not linear in a stage's layers; supported: 0, 1); `mofa evaluate --pipeline-layout` scores a layout under it")
+        check_linear(ctx)
         self.ctx = ctx
         u = unit_costs(ctx)
         self.stages = ctx.pp * ctx.vp

@@ -118,6 +118,40 @@ def test_zero_3_layouts_are_scored_not_searched(tmp_path):
     assert score_layout(ctx, heavy).fits
 
 
+@pytest.mark.parametrize("schedule,pp,vp", [("1f1b", 4, 1), ("afab", 2, 2)])
+def test_zero_2_with_one_window_per_stage_matches_enumeration(tmp_path, schedule, pp, vp):
+    """ZeRO-2 (Llama 3's sharding) where every stage reduces its gradients once per step (1F1B,
+    all-forward-all-backward): no traffic inside the pipeline and a ledger affine in the counts,
+    so the search's linear model is exact and its certified optimum is enumeration's, with the
+    GPU roomy and at the median layout's peak (half the layouts do not fit); below the least peak
+    nothing fits. The interleaved schedule's 8 windows per stage (16 micro-batches, rounds of 2)
+    are refused by name."""
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+
+    def zero_2(memory_mib, schedule=schedule, pp=pp, vp=vp):
+        problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+        cfg = ConfigBatch.from_columns(64, tp=8, pp=pp, vp=vp, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=2,
+                                       pp_schedule=PP_SCHEDULES.index(schedule))
+        return layout_context(problem, cfg)
+
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(zero_2(81559)))
+    median = int(peaks[len(peaks) // 2] / 2**20)
+    for memory_mib in (81559, median):
+        ctx = zero_2(memory_mib)
+        best, _ = best_by_enumeration(ctx, "makespan")
+        solution = solve_layout(ctx, time_limit_s=20)
+        assert solution.optimal and solution.fits
+        assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+    with pytest.raises(LayoutError, match="fits the GPU memory"):
+        solve_layout(zero_2(int(peaks[0] / 2**20) - 1), time_limit_s=20)
+    with pytest.raises(LayoutError, match=r"earlier gradient windows \(8 per stage per step\)"):
+        LinearLayouts(zero_2(81559, "interleaved_1f1b", 2, 2))
+
+
 @pytest.mark.parametrize("memory_mib", [81559, 38000, 36000])
 def test_stage_dp_agrees(tmp_path, memory_mib):
     """MPE eq. 3 over stages (vp = 1) reaches the same optimum as CP-SAT and enumeration, and
