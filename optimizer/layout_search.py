@@ -78,7 +78,7 @@ from optimizer.layout_rounds import (
     run_count_vars,
     with_launched_recompute,
 )
-from optimizer.layout_seeds import ROUND_STARTS, local_search, packed_seeds, round_seeds
+from optimizer.layout_seeds import ROUND_STARTS, fill_seed, local_search, packed_seeds, round_seeds
 from optimizer.layout_vee import vee_layout_search
 from optimizer.schedule_graph import segment_paths
 
@@ -358,6 +358,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if found:
             order = np.argsort(lin.screen([a.decoders + a.recompute for a in found]).makespan_s, kind="stable")
             starts = tuple(found[k] for k in order[:ROUND_STARTS])
+        # and the layers poured into the ranks that still fit them (fill_seed): near the split
+        # where memory binds on a few ranks (Llama 3 405B cp 1 under ZeRO-2: 6.94 s, where
+        # round_seeds' answers pile every rank's layers into its last chunks and descend to 7.41 s)
+        filled = fill_seed(ctx, lin) if min_layers == 0 and max_layers is None else None
+        if filled is not None and filled not in starts and (chunk_spread is None or regular(filled, chunk_spread)):
+            starts = starts + (filled,)
         for seed in starts:
             score = score_of(seed)
             cut(*path_of(ctx, score))

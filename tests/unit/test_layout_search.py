@@ -918,6 +918,33 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     assert round_seeds(tight, LinearLayouts(tight), 1.0) == []
 
 
+@pytest.mark.parametrize("pp,vp", [(4, 2), (2, 2)])
+def test_fill_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
+    """At a capacity between the least peak of any layout and the even split's peak, fill_seed
+    pours the layers into the ranks that still fit one more: every layer placed, a layout that
+    passes the linear memory test and the exact model's, the same on every call; below the least
+    peak it finds none."""
+    import numpy as np
+
+    from costmodel.stage_layout import balanced_layout, score_layout
+    from costmodel.units import MIB
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_seeds import fill_seed
+
+    roomy = dense_context(tmp_path, pp, vp, 9)
+    peaks = [float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy)]
+    even = balanced_layout(9, 0, pp, vp)
+    ctx = dense_context(tmp_path, pp, vp, 9, int((min(peaks) + float(score_layout(roomy, even).peak_bytes.max())) / 2 / MIB))
+    assert not score_layout(ctx, even).fits
+    lin = LinearLayouts(ctx)
+    seed = fill_seed(ctx, lin)
+    assert seed == fill_seed(ctx, lin) and sum(seed.decoders) == 9
+    assert lin.fits(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None]))[0]
+    assert score_layout(ctx, seed).fits
+    tight = dense_context(tmp_path, pp, vp, 9, int(min(peaks) / MIB) - 64)
+    assert fill_seed(tight, LinearLayouts(tight)) is None
+
+
 # --- the fewest recomputed layers a rank needs at each layer total (least_recompute) ----------
 # The 7-layer Llama 3.1 8B at 32K tokens on pp 2 x vp 2 with full recompute per stage: at 12000
 # MiB and below a rank holding many layers must recompute some of them.
