@@ -65,12 +65,16 @@ def cases():
     8K (tp 8, pp 16, vp 8 on 16,384 H100s; the paper's section 3.1.2), with cp 2 so that
     Megatron's split fits 80 GB, and without (cp 1) where it does not; DeepSeek-V3 on 2048 of
     MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2), as the
-    homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last)."""
+    homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last).
+    Llama 3 405B cp 1 also under ZeRO-2, Meta's sharding, where the split is 2.2 GiB over."""
     llama = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_16384xh100_seq8k.yaml"), ["config=null"])
     common = dict(tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
     llama_baselines = {"even by count": balanced_layout(126, 0, 16, 8), "first/last -1 (Llama 3, embedding+loss)": megatron_layout(126, 0, 16, 8, 7, 7)}
     yield "Llama 3 405B, 16384 H100, tp8 cp2 pp16 vp8", llama, ConfigBatch.from_columns(16384, cp=2, **common), llama_baselines
     yield "Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8", llama, ConfigBatch.from_columns(16384, **common), llama_baselines
+    # Meta's own sharding (ZeRO-2; 16 micro-batches, one gradient window per stage: searchable)
+    yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, ZeRO-2", llama, ConfigBatch.from_columns(16384, **{**common, "zero_stage": 2}),
+           llama_baselines)
     full = dict(recompute=2, recompute_method=1, recompute_layers=1)  # block method; the layouts choose N per chunk
     yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, per-chunk recompute", llama, ConfigBatch.from_columns(16384, **common, **full),
            with_recompute_baselines(llama_baselines))
