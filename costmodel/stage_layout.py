@@ -553,8 +553,8 @@ def zero_traffic_s(ctx: LayoutContext, layout: StageLayout, counts: np.ndarray, 
     # the head and the MTP modules' projections with the stages holding them
     dense_s, expert_s = rank_params(RankLayers(per_kind, False, last), lc, ctx.mc.tied_embeddings, mtp)
     dense_s, expert_s = np.array(dense_s, dtype=float), np.array(expert_s, dtype=float)
-    head_of_first = rank_params(RankLayers([c[:1] for c in per_kind], True, last[:1]), lc, ctx.mc.tied_embeddings, mtp[:1])
-    dense_s[0], expert_s[0] = _scalar(head_of_first[0]), _scalar(head_of_first[1])
+    first_stage = rank_params(RankLayers([c[:1] for c in per_kind], True, last[:1]), lc, ctx.mc.tied_embeddings, mtp[:1])
+    dense_s[0], expert_s[0] = _scalar(first_stage[0]), _scalar(first_stage[1])
     u = unit_costs(ctx)
     layers = counts.sum(axis=1)
     per_layer = np.maximum(layers, 1.0)

@@ -68,18 +68,18 @@ def fill_seed(ctx: LayoutContext, lin: LinearLayouts) -> StageLayout | None:
         share[vp - total % k:] += 1 if total % k else 0
         return share
 
-    # every (rank, total, chunks) placement alone in a layout, tested at once: a rank's memory
+    # every (total, chunks) placement of a rank alone in a layout, a rank's at once: its memory
     # rows read only its own chunks
-    options = [(r, total, k) for r in range(pp) for total in range(1, n + 1) for k in range(vp, 0, -1)]
-    layouts = np.zeros((len(options), 2 * stages), dtype=np.int64)
-    for row, (r, total, k) in enumerate(options):
-        layouts[row, mine[r]] = spread(total, k)
-    counts, _ = lin.layout_counts(layouts)
-    excess = lin.excess(counts)
+    options = [(total, k) for total in range(1, n + 1) for k in range(vp, 0, -1)]
     placement = {}  # (rank, total): the most chunks that fit
-    for row, (r, total, k) in enumerate(options):
-        if excess[row, r] <= 0 and (r, total) not in placement:
-            placement[r, total] = spread(total, k)
+    for r in range(pp):
+        layouts = np.zeros((len(options), 2 * stages), dtype=np.int64)
+        for row, (total, k) in enumerate(options):
+            layouts[row, mine[r]] = spread(total, k)
+        fits = lin.excess(lin.layout_counts(layouts)[0])[:, r] <= 0
+        for row in np.flatnonzero(fits):
+            total, k = options[row]
+            placement.setdefault((r, total), spread(total, k))
     per_layer = float(lin.forward_s[0] + lin.backward_s[0])
     work = np.array([float((lin.const_forward_s + lin.const_backward_s)[st].sum()) / per_layer for st in mine])
     totals = np.zeros(pp, dtype=np.int64)
