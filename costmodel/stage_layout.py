@@ -54,8 +54,9 @@ Supported skeletons: every schedule costmodel.schedule_sim builds op lists for (
 interleaved_1f1b, Llama 3's flexible with its nc micro-batches per round, afab / looped GPipe,
 dualpipev: a layout is scored on the skeleton's own op lists and in-flight vectors, so on
 Megatron's split it is the exact model under each of them), ZeRO 0-3 (the layout search, whose
-linear model ZeRO-2/3's per-stage traffic is not, refuses ZeRO-3 and ZeRO-2 with more than one
-gradient window per stage: optimizer.layout_linear.check_linear),
+linear model holds ZeRO-2/3's per-stage traffic only with one gradient window per stage, ZeRO-3
+kept after the forward and one kind of decoder layer, refuses the rest:
+optimizer.layout_linear.check_linear),
 no activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
 reason. Those features make a rank's memory depend on its layers in ways the linear layout
 search (optimizer.layout_search) does not model yet.
@@ -521,12 +522,12 @@ def stage_times(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np
     mtp = np.asarray(layout.mtp, dtype=float)
     forward, backward = chunk_times(unit_costs(ctx), counts, mtp, first, last, recomputed)
     if ctx.cfg.derived().any_zero2:
-        extra_f, extra_b = zero_traffic_s(ctx, layout, counts, mtp, forward + backward)
+        extra_f, extra_b = zero_traffic_s(ctx, counts, mtp, forward + backward)
         forward, backward = forward + extra_f, backward + extra_b
     return forward, backward
 
 
-def zero_traffic_s(ctx: LayoutContext, layout: StageLayout, counts: np.ndarray, mtp: np.ndarray, both_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def zero_traffic_s(ctx: LayoutContext, counts: np.ndarray, mtp: np.ndarray, both_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ZeRO-2/3's data-parallel traffic inside the pipeline, per stage (model order), seconds per
     micro-batch added to its forward and its backward: costmodel.evaluate's terms of a rank
     (costmodel.update: zero3_gathers, window_traffic, window_compute_s), each stage priced on its
@@ -538,12 +539,12 @@ def zero_traffic_s(ctx: LayoutContext, layout: StageLayout, counts: np.ndarray, 
     keeps it). Where a rank's stages are alike the sums over them are the exact model's terms;
     where they differ (a first or last stage with the embedding or the head, a stage emptied by
     the layout) this is finer: a heavy stage's reduce-scatter hides less. counts: [stage, kind]
-    layers (MTP included); mtp: MTP modules per stage; both_s: each stage's forward + backward
-    seconds without it (the compute the windows hide behind)."""
+    layers of every stage in model order (MTP included); mtp: MTP modules per stage; both_s:
+    each stage's forward + backward seconds without it (the compute the windows hide behind)."""
     lc, cfg, x = ctx.lc, ctx.cfg_plain, ctx.cfg_plain.derived()
     hw, tr = ctx.problem.hardware, ctx.problem.training
     moe = ctx.problem.model.moe is not None
-    stages = layout.stages
+    stages = len(counts)
     micro = np.array([float(ctx.microbatches)])
     windows = grad_windows(cfg, micro)
     first = np.arange(stages) == 0

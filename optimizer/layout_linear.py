@@ -39,6 +39,7 @@ from costmodel.stage_layout import (
     recompute_working_bytes,
     stage_ranks,
     unit_costs,
+    zero_traffic_s,
 )
 from optimizer import cp_solver
 from optimizer.schedule_graph import ScheduleGraph, schedule_graph
@@ -100,23 +101,31 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
 
 
 def check_linear(ctx: LayoutContext) -> None:
-    """Refuse skeletons whose stage times are not linear in the layer counts: ZeRO-3, whose
-    stages expose their first layer's gather (none where empty) and prefetch the rest, and
-    ZeRO-2 where a stage reduces its gradients more than once per step (its earlier windows'
-    reduce-scatters hide behind its rank's compute: costmodel.stage_layout.zero_traffic_s).
-    ZeRO-2 with one window per stage (1F1B, all-forward-all-backward, interleaved with as many
-    micro-batches as a round: Llama 3's m = nc = pp) adds no time inside the pipeline, and its
-    ledger (sharded states, a gradient window of two stages' share of the rank's) is affine in
-    the counts like ZeRO-1's."""
+    """Refuse skeletons whose stage times are not linear in the layer counts (with a fixed cost
+    per stage that holds a layer, LinearLayouts.first_forward_s): where a stage reduces its
+    gradients more than once per step under ZeRO-2/3 (its earlier windows' reduce-scatters hide
+    behind its rank's compute: costmodel.stage_layout.zero_traffic_s), and ZeRO-3 with parameters
+    freed after the forward (every micro-batch gathers again, both passes) or more than one kind
+    of decoder layer (a stage gathers its mean layer). What is left adds per stage a fixed
+    exposed first gather, once per step, and a prefetch per layer (ZeRO-3 kept after the forward:
+    torchtitan's policy under PP), or nothing (ZeRO-2): 1F1B, all-forward-all-backward and
+    interleaved with as many micro-batches as a round (Llama 3's m = nc = pp) have one window per
+    stage; the ledgers (sharded states, every layer gathered, a gradient window of two stages'
+    share of the rank's) are affine in the counts like ZeRO-1's."""
     cfg = ctx.cfg
     x = cfg.derived()
     windows = float(grad_windows(cfg, np.array([float(ctx.microbatches)]))[0])
-    if x.any_zero3 or (x.any_zero2 and windows > 1):
-        why = ("its stages' layer gathers" if x.any_zero3 else
-               f"the reduce-scatters of its stages' earlier gradient windows ({windows:g} per stage per step)")
+    why = None
+    if x.any_zero2 and windows > 1:
+        why = f"the reduce-scatters of its stages' earlier gradient windows ({windows:g} per stage per step)"
+    elif x.any_zero3 and int(cfg.reshard_after_forward[0]) == 1:
+        why = "its stages' gathers with parameters freed after the forward (reshard_after_forward)"
+    elif x.any_zero3 and len(kind_runs(ctx.kind_of_layer)) > 1:
+        why = "its stages' gathers of their mean layer, with more than one kind of decoder layer"
+    if why is not None:
         raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: {why} are not linear in a "
-                          "stage's layers (supported: ZeRO 0-1, and ZeRO-2 with one gradient window per stage); "
-                          "`mofa evaluate --pipeline-layout` scores a layout under it")
+                          "stage's layers (supported: ZeRO 0-1; ZeRO-2 and ZeRO-3 without reshard after the forward, one kind of "
+                          "decoder layer, with one gradient window per stage); `mofa evaluate --pipeline-layout` scores a layout under it")
 
 
 class LinearLayouts:
@@ -151,9 +160,36 @@ class LinearLayouts:
         self.recompute_s = u["kind_recompute"][self.kind_of_run]  # a recomputed layer's extra backward seconds
         self.dropped = u["kind_dropped"][self.kind_of_run]  # and the bytes it does not keep per micro-batch in flight
         self.recompute = ctx.recompute_allowed
+        # ZeRO-2/3's traffic inside the pipeline (costmodel.stage_layout.zero_traffic_s), read off
+        # by probing it: the edge stages' own, a cost per layer and one per stage holding a layer
+        self.first_forward_s = self.first_backward_s = np.zeros(self.stages)
+        if ctx.cfg.derived().any_zero2:
+            self._add_zero_traffic(u, edge, mtp, first, last)
         self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
         self.frag = ctx.mc.fragmentation
         self.capacity = ctx.problem.hardware.memory_bytes
+
+    def _add_zero_traffic(self, u: dict, edge: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
+        """Probe zero_traffic_s with every stage holding 0..3 layers of the (one) decoder kind:
+        0 gives the edge stages' gathers, the differences the per-layer prefetch and the first
+        layer's exposed gather; a fourth point checks that it is linear from one layer on."""
+        kind = int(self.kind_of_run[0])
+
+        def probe(layers: int):
+            counts = edge.copy()
+            counts[:, kind] += layers
+            forward, backward = chunk_times(u, counts, mtp, first, last)
+            return zero_traffic_s(self.ctx, counts, mtp, forward + backward)
+
+        (f0, b0), (f1, b1), (f2, b2), (f3, b3) = (probe(n) for n in range(4))
+        slope_f, slope_b = f2 - f1, b2 - b1
+        linear = all(np.allclose(a, a[0], rtol=1e-9, atol=1e-15) for a in (slope_f, slope_b)) and \
+            np.allclose(f3 - f2, slope_f, rtol=1e-9, atol=1e-15) and np.allclose(b3 - b2, slope_b, rtol=1e-9, atol=1e-15)
+        if not linear:
+            raise LayoutError("the layout search does not model this skeleton's ZeRO traffic: not linear in a stage's layers")
+        self.const_forward_s, self.const_backward_s = self.const_forward_s + f0, self.const_backward_s + b0
+        self.forward_s, self.backward_s = self.forward_s + slope_f[0], self.backward_s + slope_b[0]
+        self.first_forward_s, self.first_backward_s = f1 - f0 - slope_f, b1 - b0 - slope_b
 
     def run_counts(self, decoders: np.ndarray) -> np.ndarray:
         """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
@@ -181,10 +217,11 @@ class LinearLayouts:
     def times(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]
         (and recomputed run counts)."""
-        backward = counts @ self.backward_s + self.const_backward_s
+        held = counts.sum(axis=-1) > 0  # [K, stage] stages holding a layer (ZeRO-3's first gather)
+        backward = counts @ self.backward_s + self.const_backward_s + held * self.first_backward_s
         if recomputed is not None:
             backward = backward + recomputed @ self.recompute_s
-        return (counts @ self.forward_s + self.const_forward_s).T, backward.T
+        return (counts @ self.forward_s + self.const_forward_s + held * self.first_forward_s).T, backward.T
 
     def weights(self, counts: np.ndarray) -> np.ndarray:
         """[stage, K] DualPipeV weight-gradient seconds of K layouts' run counts [K, stage, run]:

@@ -37,7 +37,6 @@ from costmodel.stage_layout import (
     LayoutContext,
     LayoutError,
     StageLayout,
-    chunk_times,
     layout_context,
     score_layout,
     step_overhead_floor_s,
@@ -218,25 +217,33 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     # recomputed layers of each kind-run per stage (the first r_s of the stage)
     rc_counts = recompute_run_vars(model, rc, prefix, clipped, run_counts, runs, n_layers) if recompute else [[0] * len(runs) for _ in range(stages)]
 
-    # forward and backward ns of each stage (chunk_times' composition, integer coefficients)
+    # forward and backward ns of each stage (LinearLayouts' composition, integer coefficients):
+    # its layers' and what it holds besides them (chunk_times'), with ZeRO-2/3's traffic inside
+    # the pipeline where the skeleton has it: a cost per layer and, under ZeRO-3, one per stage
+    # holding a layer (its exposed first gather), through a boolean per stage
     mtp = np.zeros(stages)
     mtp[-1] = mtp_layers
-    first = np.arange(stages) == 0
-    last = np.arange(stages) == stages - 1
-    edge_counts = np.zeros((stages, len(ctx.kinds)))
-    if ctx.mtp_kind is not None:
-        edge_counts[-1, ctx.mtp_kind] = mtp_layers
-    const_f, const_b = chunk_times(u, edge_counts, mtp, first, last)  # what a stage holds besides its decoder layers
-    fwd = [int(round(u["kind_forward"][k] * TIME_SCALE)) for k in kind_of_run]
-    bwd = [int(round((u["kind_total"][k] - u["kind_forward"][k]) * TIME_SCALE)) for k in kind_of_run]
+    lin = LinearLayouts(ctx)
+    const_f, const_b = lin.const_forward_s, lin.const_backward_s  # what a stage holds besides its decoder layers
+    fwd = [int(round(x * TIME_SCALE)) for x in lin.forward_s]
+    bwd = [int(round(x * TIME_SCALE)) for x in lin.backward_s]
     rec = [int(round(u["kind_recompute"][k] * TIME_SCALE)) for k in kind_of_run]
     f_expr = [sum(fwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_f[s] * TIME_SCALE)) for s in range(stages)]
     b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * rc_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE))
               for s in range(stages)]
-    per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max())) * TIME_SCALE
+    first_gather = bool(np.any(lin.first_forward_s) or np.any(lin.first_backward_s))
+    if first_gather:
+        for s in range(stages):
+            held = model.NewBoolVar(f"held{s}")
+            model.Add(t[s] >= 1).OnlyEnforceIf(held)
+            model.Add(t[s] == 0).OnlyEnforceIf(held.Not())
+            f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held
+            b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held
+    zero_traffic = float(np.max(lin.forward_s + lin.backward_s - u["kind_total"][kind_of_run])) * n_layers + float(
+        lin.first_forward_s.max() + lin.first_backward_s.max())  # ZeRO-2/3's, per layer and per stage: 0 without
+    per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max()) + zero_traffic) * TIME_SCALE
     horizon = int(2 * ctx.microbatches * stages * per_op) + 1
     z = model.NewIntVar(0, horizon, "makespan")
-    lin = LinearLayouts(ctx)
     cuts = set()
 
     def cut(n_f, n_b):
@@ -453,7 +460,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if settled is not None:
             return settled
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
-    slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1) / TIME_SCALE
+    slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1 + first_gather) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector

@@ -39,6 +39,16 @@ def best_by_enumeration(ctx, objective="bound"):
     return min(scored, key=lambda x: x[0]) if scored else (None, None)
 
 
+def assert_certifies_enumeration_optimum(ctx):
+    """solve_layout certifies the least simulated makespan of every layout that fits, enumerated
+    (tolerance 1e-6 relative: CP-SAT works in integer nanoseconds), with a bound below it."""
+    best, _ = best_by_enumeration(ctx, "makespan")
+    solution = solve_layout(ctx, time_limit_s=20)
+    assert solution.optimal and solution.fits
+    assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+    assert solution.lower_bound_s <= solution.makespan_s * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("pp,vp", [(4, 1), (2, 2)])
 @pytest.mark.parametrize("memory_mib", [81559, 39000, 38000, 36000])  # 39000 binds at vp 2; 36000 fits nothing
 def test_cpsat_matches_enumeration(tmp_path, pp, vp, memory_mib):
@@ -83,19 +93,15 @@ def test_other_schedules_match_enumeration(tmp_path, model, schedule, pp, vp, gr
     problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
     cfg = ConfigBatch.from_columns(64, tp=8, pp=pp, vp=vp, mbs=1, zero_stage=1, pp_schedule=PP_SCHEDULES.index(schedule),
                                    pp_group=group or 0, **columns)
-    ctx = layout_context(problem, cfg)
-    best, _ = best_by_enumeration(ctx, "makespan")
-    solution = solve_layout(ctx, time_limit_s=20)
-    assert solution.optimal and solution.fits
-    assert solution.makespan_s == pytest.approx(best, rel=1e-6)
-    assert solution.lower_bound_s <= solution.makespan_s * (1 + 1e-9)
+    assert_certifies_enumeration_optimum(layout_context(problem, cfg))
 
 
 def test_zero_3_layouts_are_scored_not_searched(tmp_path):
-    """Under ZeRO-3 a stage's first gather is exposed and its windows' reduce-scatters hide
-    behind its rank's compute: not linear in its layers, so the search refuses the skeleton by
-    name (`mofa solve --pipeline-layouts` reports it as `refused`), where the scorer prices any
-    layout (`mofa evaluate --pipeline-layout`): a stage's FSDP traffic grows with its layers."""
+    """Under ZeRO-3 on interleaved 1F1B with 8 gradient windows per stage (and parameters freed
+    after the forward: every micro-batch gathers each stage again, in both passes) the windows'
+    reduce-scatters hide behind the rank's compute: the search refuses the skeleton by name (`mofa solve --pipeline-layouts` reports it as
+    `refused`), where the scorer prices any layout (`mofa evaluate --pipeline-layout`): a stage's
+    FSDP traffic grows with its layers."""
     import numpy as np
 
     from costmodel.stage_layout import score_layout, stage_times
@@ -107,7 +113,7 @@ def test_zero_3_layouts_are_scored_not_searched(tmp_path):
     problem = load_problem(str(path), [])
     cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=3, reshard_after_forward=1, dp_overlap=1)
     ctx = layout_context(problem, cfg)
-    with pytest.raises(LayoutError, match="does not model zero_stage 3"):
+    with pytest.raises(LayoutError, match=r"does not model zero_stage 3 here: the reduce-scatters of its stages' earlier gradient windows \(8"):
         LinearLayouts(ctx)
     report, layout = layout_report(problem, cfg, 1.0)
     assert "zero_stage 3" in report["refused"] and layout is None
@@ -141,15 +147,55 @@ def test_zero_2_with_one_window_per_stage_matches_enumeration(tmp_path, schedule
     peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(zero_2(81559)))
     median = int(peaks[len(peaks) // 2] / 2**20)
     for memory_mib in (81559, median):
-        ctx = zero_2(memory_mib)
-        best, _ = best_by_enumeration(ctx, "makespan")
-        solution = solve_layout(ctx, time_limit_s=20)
-        assert solution.optimal and solution.fits
-        assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+        assert_certifies_enumeration_optimum(zero_2(memory_mib))
     with pytest.raises(LayoutError, match="fits the GPU memory"):
         solve_layout(zero_2(int(peaks[0] / 2**20) - 1), time_limit_s=20)
     with pytest.raises(LayoutError, match=r"earlier gradient windows \(8 per stage per step\)"):
         LinearLayouts(zero_2(81559, "interleaved_1f1b", 2, 2))
+
+
+@pytest.mark.parametrize("schedule,pp,vp", [("1f1b", 4, 1), ("afab", 2, 2)])
+def test_zero_3_kept_after_the_forward_matches_enumeration(tmp_path, schedule, pp, vp):
+    """ZeRO-3 with parameters kept after the forward (torchtitan's policy under PP) and one
+    gradient window per stage: each stage gathers its layers once per step, the first exposed
+    and the rest prefetched, so a stage's forward is linear in its layers plus a fixed cost where
+    it holds one. LinearLayouts (probed from zero_traffic_s) prices every layout's passes as the
+    scorer does, and the search (a boolean per stage for that cost) certifies enumeration's
+    optimum, roomy and at the median layout's peak; the model with two kinds of decoder layer
+    (a stage gathers its mean layer) is refused by name."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    columns = dict(tp=8, pp=pp, vp=vp, mbs=1, first_layers=2, last_layers=2, zero_stage=3, reshard_after_forward=0, dp_overlap=1,
+                   pp_schedule=PP_SCHEDULES.index(schedule))
+
+    def zero_3(memory_mib):
+        problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+        return layout_context(problem, ConfigBatch.from_columns(64, **columns))
+
+    roomy = zero_3(81559)
+    lin = LinearLayouts(roomy)
+    assert lin.first_forward_s.min() > 0.0  # the exposed first gather is there to model
+    layouts = list(enumerate_layouts(roomy))
+    counts, _ = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout, _ in layouts]))
+    forward, backward = lin.times(counts)
+    for k, (_, score) in enumerate(layouts):
+        assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
+        assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in layouts)
+    for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
+        assert_certifies_enumeration_optimum(zero_3(memory_mib))
+    with pytest.raises(LayoutError, match="gathers with parameters freed after the forward"):
+        LinearLayouts(layout_context(load_problem(str(path), []), ConfigBatch.from_columns(64, **{**columns, "reshard_after_forward": 1})))
+    moe = tmp_path / "tiny.yaml"
+    moe.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, **{**columns, "ep": 8})
+    with pytest.raises(LayoutError, match="more than one kind of decoder layer"):
+        LinearLayouts(layout_context(load_problem(str(moe), []), cfg))
 
 
 @pytest.mark.parametrize("memory_mib", [81559, 38000, 36000])
