@@ -33,12 +33,15 @@ def table(headers: list[str], rows: list[list], align: str | None = None) -> str
 
 
 def _fmt(value) -> str:
+    """A table cell: floats to about four significant figures, thousands separated from 10,000
+    up (a column of GPU-hours or costs read 80484.7 next to 117,624 when only 100,000 and up
+    were)."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         if value == 0:
             return "0"
-        if abs(value) >= 1e5:
+        if abs(value) >= 1e4:
             return f"{value:,.0f}"
         if abs(value) >= 100:
             return f"{value:.1f}"
