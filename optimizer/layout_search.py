@@ -92,6 +92,252 @@ def check_searchable(ctx: LayoutContext) -> None:
                           "vee_layout_search searches it, `mofa evaluate --pipeline-layout` scores a layout under it")
 
 
+@dataclasses.dataclass
+class Incumbent:
+    """The best layout that fits found so far, and its exact score (None before one)."""
+
+    layout: StageLayout | None = None
+    score: object = None
+
+    def offer(self, layout: StageLayout, score) -> bool:
+        """Take the layout where it fits and its makespan beats the incumbent's; whether it did."""
+        if score.fits and (self.score is None or layout_makespan(score) < layout_makespan(self.score)):
+            self.layout, self.score = layout, score
+            return True
+        return False
+
+
+@dataclasses.dataclass
+class LayoutModel:
+    """solve_layout's CP-SAT model of a skeleton's layouts (build_layout_model): the decision
+    variables, the stage-time expressions the path cuts are written in, the makespan, and the
+    cuts so far (`cut` adds one)."""
+
+    model: cp_model.CpModel
+    t: list  # decoder layers per stage
+    rc: list  # recomputed layers per stage (0 where the skeleton has no full recompute)
+    level: object  # uniform recompute: the one N (r_s = min(N, t_s)); else None
+    run_counts: list  # [stage][kind-run] layers
+    rc_counts: list  # [stage][kind-run] recomputed layers (0s without recompute)
+    f_expr: list  # forward ns of each stage
+    b_expr: list  # backward ns of each stage (recompute included)
+    z: object  # the makespan, ns
+    horizon: int  # z's upper bound
+    first_gather: bool  # ZeRO-3 kept after the forward: each stage holding a layer pays its first gather
+    cuts: set = dataclasses.field(default_factory=set)
+
+    @property
+    def vars_(self) -> list:
+        """What an answer assigns: decoder counts, then recompute counts."""
+        return self.t + self.rc
+
+    def cut(self, n_f, n_b) -> bool:
+        """z >= a path's length (forward and backward ops per stage): a cut for every layout;
+        whether it was new."""
+        key = (tuple(n_f.astype(int)), tuple(n_b.astype(int)))
+        if key in self.cuts:
+            return False
+        self.cuts.add(key)
+        self.model.Add(self.z >= path_sum((n_f, n_b), (self.f_expr, self.b_expr)))
+        return True
+
+
+def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int = 0, max_layers: int | None = None,
+                       chunk_spread: int | None = None, uniform_recompute: bool = False, tables=None, paths=None) -> LayoutModel:
+    """The CP-SAT model solve_layout's rounds solve (see its docstring for the arguments):
+    integer layers and recomputed layers per stage, their counts per kind-run, each stage's
+    forward and backward ns, the makespan over the path cuts (`paths`, a previous search's,
+    and the schedule's segment paths) and each rank's busy time over its integer kind totals
+    (with `tables`, least_recompute's, the recompute its memory forces). Memory rows come in
+    later, as layouts break them (MemoryRows)."""
+    pp, vp = ctx.pp, ctx.vp
+    stages = pp * vp
+    n_layers = len(ctx.kind_of_layer)
+    u = unit_costs(ctx)
+    runs = kind_runs(ctx.kind_of_layer)
+    kind_of_run = [kind for kind, _, _ in runs]
+    recompute = ctx.recompute_allowed
+    model = cp_model.CpModel()
+
+    # -- decision variables: layers per stage in model order, and how many of them are recomputed
+    t = [model.NewIntVar(min_layers, n_layers if max_layers is None else max_layers, f"t{s}") for s in range(stages)]
+    prefix = [model.NewIntVar(0, n_layers, f"P{s}") for s in range(stages)]
+    if chunk_spread is not None:  # regular layouts: the chunks of a rank differ by at most this many layers
+        for r in range(pp):
+            low = model.NewIntVar(0, n_layers, "")
+            model.AddMinEquality(low, t[r::pp])
+            for v in t[r::pp]:
+                model.Add(v <= low + chunk_spread)
+    for s in range(stages):
+        model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
+    model.Add(prefix[-1] == n_layers)
+    rc = [model.NewIntVar(0, n_layers if recompute else 0, f"r{s}") for s in range(stages)]
+    for s in range(stages):
+        model.Add(rc[s] <= t[s])
+    level = None
+    if recompute and uniform_recompute:  # one N for every stage: r_s = min(N, t_s)
+        level = model.NewIntVar(0, n_layers, "N")
+        for s in range(stages):
+            model.AddMinEquality(rc[s], [level, t[s]])
+
+    # -- layers of each kind-run per stage, and the recomputed ones (the first r_s of the stage)
+    run_counts, clipped = run_count_vars(model, t, prefix, runs, n_layers)
+    rc_counts = recompute_run_vars(model, rc, prefix, clipped, run_counts, runs, n_layers) if recompute else [[0] * len(runs) for _ in range(stages)]
+
+    # -- forward and backward ns of each stage (LinearLayouts' composition, integer coefficients):
+    # its layers' and what it holds besides them (chunk_times'), with ZeRO-2/3's traffic inside
+    # the pipeline where the skeleton has it: a cost per layer and, under ZeRO-3, one per stage
+    # holding a layer (its exposed first gather), through a boolean per stage
+    const_f, const_b = lin.const_forward_s, lin.const_backward_s  # what a stage holds besides its decoder layers
+    fwd = [int(round(x * TIME_SCALE)) for x in lin.forward_s]
+    bwd = [int(round(x * TIME_SCALE)) for x in lin.backward_s]
+    rec = [int(round(u["kind_recompute"][k] * TIME_SCALE)) for k in kind_of_run]
+    f_expr = [sum(fwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_f[s] * TIME_SCALE)) for s in range(stages)]
+    b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * rc_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE))
+              for s in range(stages)]
+    first_gather = bool(np.any(lin.first_forward_s) or np.any(lin.first_backward_s))
+    if first_gather:
+        for s in range(stages):
+            held = model.NewBoolVar(f"held{s}")
+            model.Add(t[s] >= 1).OnlyEnforceIf(held)
+            model.Add(t[s] == 0).OnlyEnforceIf(held.Not())
+            f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held
+            b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held
+
+    # -- the makespan: at least every path cut's length
+    zero_traffic = float(np.max(lin.forward_s + lin.backward_s - u["kind_total"][kind_of_run])) * n_layers + float(
+        lin.first_forward_s.max() + lin.first_backward_s.max())  # ZeRO-2/3's, per layer and per stage: 0 without
+    per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max()) + zero_traffic) * TIME_SCALE
+    horizon = int(2 * ctx.microbatches * stages * per_op) + 1
+    z = model.NewIntVar(0, horizon, "makespan")
+    lm = LayoutModel(model, t, rc, level, run_counts, rc_counts, f_expr, b_expr, z, horizon, first_gather)
+    for n_f, n_b in sorted(paths or ()):  # a previous search's paths of this skeleton: cuts for every layout
+        lm.cut(np.array(n_f), np.array(n_b))
+    for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
+        if chunk_spread is None or (n_f == n_b).all():
+            lm.cut(n_f, n_b)
+
+    # -- each rank's layers of each kind as integer variables, and the rank's busy time over
+    # them: implied by the segment paths, but in this form CP-SAT branches and propagates on the
+    # integer rank totals (with it the bound reaches DeepSeek-V3's rank bound, 4 MoE layers x
+    # 480 micro-batches = 57.6 s, within the first round)
+    kinds_used = sorted(set(kind_of_run))
+    for r in range(pp):
+        mine = range(r, stages, pp)
+        total = {k: model.NewIntVar(0, n_layers, f"L{r}_{k}") for k in kinds_used}
+        for k in kinds_used:
+            model.Add(total[k] == sum(run_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
+        per_layer = {k: fwd[kind_of_run.index(k)] + bwd[kind_of_run.index(k)] for k in kinds_used}
+        const = sum(int(round(const_f[s] * TIME_SCALE)) + int(round(const_b[s] * TIME_SCALE)) for s in mine)
+        recomputing = 0
+        if recompute:  # the rank's recomputed layers of each kind, integer totals like its layers
+            for k in kinds_used:
+                again = model.NewIntVar(0, n_layers, f"R{r}_{k}")
+                model.Add(again == sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
+                recomputing += rec[kind_of_run.index(k)] * again
+            if tables is not None:
+                # the fewest layers the rank recomputes at each layer total (least_recompute), as
+                # an element constraint (integer reasoning) and its lower convex envelope (the
+                # LP's): the memory rows alone let the LP recompute a fraction of a layer where a
+                # layout must recompute one or two
+                table = tables[r]
+                k = kinds_used[0]
+                model.Add(again >= least_recompute_var(model, total[k], table, f"least{r}"))
+                for (n1, f1), (n2, f2) in lower_envelope(table):
+                    model.Add((n2 - n1) * again >= (f2 - f1) * total[k] + (f1 * n2 - f2 * n1))
+        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing))
+    return lm
+
+
+def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: Incumbent, score_of, seeds: tuple[StageLayout, ...],
+                  time_limit_s: float, min_layers: int, max_layers: int | None, chunk_spread: int | None,
+                  graph: bool) -> tuple[tuple[StageLayout, ...], tuple[StageLayout, ...], StageLayout | None]:
+    """solve_layout's known layouts: the given seeds, with the recompute that makes them fit
+    (one N where the search keeps one, lm.level), their longest paths as cuts and the best that
+    fits offered to the incumbent; where none fits, starts of the search's own (round_seeds,
+    fill_seed). Returns (every seed, the starts a local search descends from where no seed fit,
+    and under one N the fastest seed that fits recomputing nothing)."""
+    pp, vp = ctx.pp, ctx.vp
+    stages = pp * vp
+    level, recompute, cut = lm.level, ctx.recompute_allowed, lm.cut
+    runs = lin.runs
+    mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
+    if level is not None:
+        # uniform recompute: seeds recompute min(N, layers), N their own where they have one,
+        # else their most; each also with no recompute and with the least N that fits it
+        # (fewest_recompute): a per-stage answer that recomputes one layer somewhere becomes
+        # N = 1 everywhere, a basin far from its own decoder counts with N = 0 (DeepSeek-V3:
+        # 69.7 s against 60.9 s)
+        own_n = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
+                      for seed, n in ((seed, seed.uniform_recompute()) for seed in seeds)
+                      for n in [n if n is not None else max(seed.recompute)])
+        least_n = tuple(x for x in (fewest_recompute(ctx, seed.with_recompute([0] * stages), lin, uniform=True)
+                                    for seed in seeds if seed.stages == stages) if x is not None)
+        seeds = tuple(dict.fromkeys(own_n + least_n))
+        if not graph:  # and the layouts that pack each rank's layers into its last chunks, N = 1 and 2
+            packed = (seed for seed in packed_seeds(ctx, (1, 2)) if min(seed.decoders) >= min_layers
+                      and (max_layers is None or max(seed.decoders) <= max_layers) and (chunk_spread is None or regular(seed, chunk_spread)))
+            seeds = tuple(dict.fromkeys(seeds + tuple(packed)))
+    if recompute and level is None:
+        # each seed also with the fewest recomputed layers that make it fit (fewest_recompute);
+        # not with one N: a seed that one N makes fit (DeepSeek-V3's recipe split, N = 1 at
+        # 69.8 s) can hold the local search in a basin that N = 0 layouts (61.0 s) are not near
+        repaired = [fewest_recompute(ctx, seed.with_recompute([0] * stages), lin) for seed in seeds if seed.stages == stages]
+        seeds = tuple(dict.fromkeys(seeds + tuple(x for x in repaired if x is not None)))
+    # Known layouts: their critical paths as cuts, the best that fits as the incumbent. Those
+    # with the MTP modules where the search puts them are measured in one batch on the
+    # schedule graph and the linear memory test (the exact model's), which gives every one's
+    # longest path at once, and only the fastest that passes is simulated, to confirm it; the
+    # others are scored exactly.
+    standard = mtp
+    graph_seeds = [layout for layout in seeds if layout.mtp == standard and layout.stages == stages]
+    candidates = [layout for layout in seeds if layout not in graph_seeds]
+    if graph_seeds:
+        screened = lin.screen([layout.decoders + layout.recompute for layout in graph_seeds])
+        for n_f, n_b in screened.paths():
+            cut(n_f, n_b)
+        order = np.argsort(screened.makespan_s, kind="stable")
+        candidates += [graph_seeds[k] for k in order if screened.fits[k]]
+        # one N: the fastest seed that fits recomputing nothing, a start of its own (below)
+        plain_seeds = [k for k in order if screened.fits[k] and not graph_seeds[k].any_recompute]
+        zero_start = graph_seeds[plain_seeds[0]] if level is not None and plain_seeds else None
+    else:
+        zero_start = None
+    for layout in candidates:
+        score = score_of(layout)
+        if layout not in graph_seeds:
+            cut(*path_of(ctx, score))
+        inc.offer(layout, score)
+        if score.fits and layout in graph_seeds:
+            break  # the fastest graph seed that fits: the others are slower
+    starts: tuple[StageLayout, ...] = ()
+    if inc.layout is None and len(runs) == 1 and level is None and not graph:
+        # no given layout fits: seeds whose chunk rounds are balanced under the memory rows
+        # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1, each with a
+        # twentieth of the time at most), the ROUND_STARTS fastest on the schedule graph. Their
+        # local optima differ widely and not in the order of the starts (Llama 3 405B cp 1:
+        # starts at 11.36 s descend to 9.15, 9.70 or 10.27 s), and which one leads to the best
+        # layout changes with the step-time coefficients: descending from each solve's best
+        # answer alone gave 9.15 s, and 10.27 s after a 0.4% refit of the H100 profile
+        found = [a for k in (0, 1) for a in round_seeds(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k)]
+        found = list(dict.fromkeys(found))
+        if found:
+            order = np.argsort(lin.screen([a.decoders + a.recompute for a in found]).makespan_s, kind="stable")
+            starts = tuple(found[k] for k in order[:ROUND_STARTS])
+        # and the layers poured into the ranks that still fit them (fill_seed): near the split
+        # where memory binds on a few ranks (Llama 3 405B cp 1 under ZeRO-2: 6.94 s, where
+        # round_seeds' answers pile every rank's layers into its last chunks and descend to 7.41 s)
+        filled = fill_seed(ctx, lin) if min_layers == 0 and max_layers is None else None
+        if filled is not None and filled not in starts and (chunk_spread is None or regular(filled, chunk_spread)):
+            starts = starts + (filled,)
+        for seed in starts:
+            score = score_of(seed)
+            cut(*path_of(ctx, score))
+            inc.offer(seed, score)
+        seeds = seeds + starts
+    return seeds, starts, zero_start
+
+
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
@@ -186,197 +432,28 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     if neighbour_paths is None:
         neighbour_paths = min(1000, 32768 // stages)
     n_layers = len(ctx.kind_of_layer)
-    mtp_layers = ctx.problem.model.mtp_layers
-    u = unit_costs(ctx)
     runs = kind_runs(ctx.kind_of_layer)
-    model = cp_model.CpModel()
-    t = [model.NewIntVar(min_layers, n_layers if max_layers is None else max_layers, f"t{s}") for s in range(stages)]
-    prefix = [model.NewIntVar(0, n_layers, f"P{s}") for s in range(stages)]
-    if chunk_spread is not None:  # regular layouts: the chunks of a rank differ by at most this many layers
-        for r in range(pp):
-            low = model.NewIntVar(0, n_layers, "")
-            model.AddMinEquality(low, t[r::pp])
-            for v in t[r::pp]:
-                model.Add(v <= low + chunk_spread)
-    for s in range(stages):
-        model.Add(prefix[s] == (prefix[s - 1] if s else 0) + t[s])
-    model.Add(prefix[-1] == n_layers)
     recompute = ctx.recompute_allowed
-    rc = [model.NewIntVar(0, n_layers if recompute else 0, f"r{s}") for s in range(stages)]  # recomputed layers per stage
-    for s in range(stages):
-        model.Add(rc[s] <= t[s])
-    level = None
-    if recompute and uniform_recompute:  # one N for every stage: r_s = min(N, t_s)
-        level = model.NewIntVar(0, n_layers, "N")
-        for s in range(stages):
-            model.AddMinEquality(rc[s], [level, t[s]])
-    vars_ = t + rc  # what an answer assigns
-    # layers of each kind-run per stage
-    run_counts, clipped = run_count_vars(model, t, prefix, runs, n_layers)
-    kind_of_run = [kind for kind, _, _ in runs]
-    # recomputed layers of each kind-run per stage (the first r_s of the stage)
-    rc_counts = recompute_run_vars(model, rc, prefix, clipped, run_counts, runs, n_layers) if recompute else [[0] * len(runs) for _ in range(stages)]
-
-    # forward and backward ns of each stage (LinearLayouts' composition, integer coefficients):
-    # its layers' and what it holds besides them (chunk_times'), with ZeRO-2/3's traffic inside
-    # the pipeline where the skeleton has it: a cost per layer and, under ZeRO-3, one per stage
-    # holding a layer (its exposed first gather), through a boolean per stage
-    mtp = np.zeros(stages)
-    mtp[-1] = mtp_layers
     lin = LinearLayouts(ctx)
-    const_f, const_b = lin.const_forward_s, lin.const_backward_s  # what a stage holds besides its decoder layers
-    fwd = [int(round(x * TIME_SCALE)) for x in lin.forward_s]
-    bwd = [int(round(x * TIME_SCALE)) for x in lin.backward_s]
-    rec = [int(round(u["kind_recompute"][k] * TIME_SCALE)) for k in kind_of_run]
-    f_expr = [sum(fwd[j] * run_counts[s][j] for j in range(len(runs))) + int(round(const_f[s] * TIME_SCALE)) for s in range(stages)]
-    b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * rc_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE))
-              for s in range(stages)]
-    first_gather = bool(np.any(lin.first_forward_s) or np.any(lin.first_backward_s))
-    if first_gather:
-        for s in range(stages):
-            held = model.NewBoolVar(f"held{s}")
-            model.Add(t[s] >= 1).OnlyEnforceIf(held)
-            model.Add(t[s] == 0).OnlyEnforceIf(held.Not())
-            f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held
-            b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held
-    zero_traffic = float(np.max(lin.forward_s + lin.backward_s - u["kind_total"][kind_of_run])) * n_layers + float(
-        lin.first_forward_s.max() + lin.first_backward_s.max())  # ZeRO-2/3's, per layer and per stage: 0 without
-    per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max()) + zero_traffic) * TIME_SCALE
-    horizon = int(2 * ctx.microbatches * stages * per_op) + 1
-    z = model.NewIntVar(0, horizon, "makespan")
-    cuts = set()
-
-    def cut(n_f, n_b):
-        key = (tuple(n_f.astype(int)), tuple(n_b.astype(int)))
-        if key in cuts:
-            return False
-        cuts.add(key)
-        model.Add(z >= path_sum((n_f, n_b), (f_expr, b_expr)))
-        return True
-
-    for n_f, n_b in sorted(paths or ()):  # a previous search's paths of this skeleton: cuts for every layout
-        cut(np.array(n_f), np.array(n_b))
-    for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
-        if chunk_spread is None or (n_f == n_b).all():
-            cut(n_f, n_b)
-    # Each rank's layers of each kind as integer variables, and the rank's busy time over them:
-    # implied by the segment paths, but in this form CP-SAT branches and propagates on the
-    # integer rank totals (with it the bound reaches DeepSeek-V3's rank bound, 4 MoE layers x
-    # 480 micro-batches = 57.6 s, within the first round)
-    kinds_used = sorted(set(kind_of_run))
-    tables = None
+    tables = None  # one kind of layer, with recompute: each rank's fewest recomputed layers per layer total
     if recompute and rank_tables and len(runs) == 1:
         most = n_layers if max_layers is None else min(n_layers, vp * max_layers)
         table_cache = {} if table_cache is None else table_cache
         if most not in table_cache:
             table_cache[most] = [least_recompute(ctx, lin, r, most) for r in range(pp)]
         tables = table_cache[most]
-    for r in range(pp):
-        mine = range(r, stages, pp)
-        total = {k: model.NewIntVar(0, n_layers, f"L{r}_{k}") for k in kinds_used}
-        for k in kinds_used:
-            model.Add(total[k] == sum(run_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
-        per_layer = {k: fwd[kind_of_run.index(k)] + bwd[kind_of_run.index(k)] for k in kinds_used}
-        const = sum(int(round(const_f[s] * TIME_SCALE)) + int(round(const_b[s] * TIME_SCALE)) for s in mine)
-        recomputing = 0
-        if recompute:  # the rank's recomputed layers of each kind, integer totals like its layers
-            for k in kinds_used:
-                again = model.NewIntVar(0, n_layers, f"R{r}_{k}")
-                model.Add(again == sum(rc_counts[s][j] for s in mine for j, kind in enumerate(kind_of_run) if kind == k))
-                recomputing += rec[kind_of_run.index(k)] * again
-            if tables is not None:
-                # the fewest layers the rank recomputes at each layer total (least_recompute), as
-                # an element constraint (integer reasoning) and its lower convex envelope (the
-                # LP's): the memory rows alone let the LP recompute a fraction of a layer where a
-                # layout must recompute one or two
-                table = tables[r]
-                k = kinds_used[0]
-                model.Add(again >= least_recompute_var(model, total[k], table, f"least{r}"))
-                for (n1, f1), (n2, f2) in lower_envelope(table):
-                    model.Add((n2 - n1) * again >= (f2 - f1) * total[k] + (f1 * n2 - f2 * n1))
-        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing))
-    best, best_score = None, None
+    lm = build_layout_model(ctx, lin, min_layers, max_layers, chunk_spread, uniform_recompute, tables, paths)
+    model, t, rc, level, vars_, z, cut, cuts = lm.model, lm.t, lm.rc, lm.level, lm.vars_, lm.z, lm.cut, lm.cuts
+    mtp = np.zeros(stages)
+    mtp[-1] = ctx.problem.model.mtp_layers
+    inc = Incumbent()  # the best layout that fits so far
 
     def make(vector) -> StageLayout:
         """The layout of an answer: decoder counts, then recompute counts."""
         return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in vector[:stages]), mtp=tuple(int(x) for x in mtp),
                            recompute=tuple(int(x) for x in vector[stages:]))
 
-    if level is not None:
-        # uniform recompute: seeds recompute min(N, layers), N their own where they have one,
-        # else their most; each also with no recompute and with the least N that fits it
-        # (fewest_recompute): a per-stage answer that recomputes one layer somewhere becomes
-        # N = 1 everywhere, a basin far from its own decoder counts with N = 0 (DeepSeek-V3:
-        # 69.7 s against 60.9 s)
-        own_n = tuple(seed.with_recompute([min(n, d) for d in seed.decoders])
-                      for seed, n in ((seed, seed.uniform_recompute()) for seed in seeds)
-                      for n in [n if n is not None else max(seed.recompute)])
-        least_n = tuple(x for x in (fewest_recompute(ctx, seed.with_recompute([0] * stages), lin, uniform=True)
-                                    for seed in seeds if seed.stages == stages) if x is not None)
-        seeds = tuple(dict.fromkeys(own_n + least_n))
-        if not graph:  # and the layouts that pack each rank's layers into its last chunks, N = 1 and 2
-            packed = (seed for seed in packed_seeds(ctx, (1, 2)) if min(seed.decoders) >= min_layers
-                      and (max_layers is None or max(seed.decoders) <= max_layers) and (chunk_spread is None or regular(seed, chunk_spread)))
-            seeds = tuple(dict.fromkeys(seeds + tuple(packed)))
-    if recompute and level is None:
-        # each seed also with the fewest recomputed layers that make it fit (fewest_recompute);
-        # not with one N: a seed that one N makes fit (DeepSeek-V3's recipe split, N = 1 at
-        # 69.8 s) can hold the local search in a basin that N = 0 layouts (61.0 s) are not near
-        repaired = [fewest_recompute(ctx, seed.with_recompute([0] * stages), lin) for seed in seeds if seed.stages == stages]
-        seeds = tuple(dict.fromkeys(seeds + tuple(x for x in repaired if x is not None)))
-    # Known layouts: their critical paths as cuts, the best that fits as the incumbent. Those
-    # with the MTP modules where the search puts them are measured in one batch on the
-    # schedule graph and the linear memory test (the exact model's), which gives every one's
-    # longest path at once, and only the fastest that passes is simulated, to confirm it; the
-    # others are scored exactly.
-    standard = tuple(int(x) for x in mtp)
-    graph_seeds = [layout for layout in seeds if layout.mtp == standard and layout.stages == stages]
-    candidates = [layout for layout in seeds if layout not in graph_seeds]
-    if graph_seeds:
-        screened = lin.screen([layout.decoders + layout.recompute for layout in graph_seeds])
-        for n_f, n_b in screened.paths():
-            cut(n_f, n_b)
-        order = np.argsort(screened.makespan_s, kind="stable")
-        candidates += [graph_seeds[k] for k in order if screened.fits[k]]
-        # one N: the fastest seed that fits recomputing nothing, a start of its own (below)
-        plain_seeds = [k for k in order if screened.fits[k] and not graph_seeds[k].any_recompute]
-        zero_start = graph_seeds[plain_seeds[0]] if level is not None and plain_seeds else None
-    else:
-        zero_start = None
-    for layout in candidates:
-        score = score_of(layout)
-        if layout not in graph_seeds:
-            cut(*path_of(ctx, score))
-        if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
-            best, best_score = layout, score
-        if score.fits and layout in graph_seeds:
-            break  # the fastest graph seed that fits: the others are slower
-    starts: tuple[StageLayout, ...] = ()
-    if best is None and len(runs) == 1 and level is None and not graph:
-        # no given layout fits: seeds whose chunk rounds are balanced under the memory rows
-        # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1, each with a
-        # twentieth of the time at most), the ROUND_STARTS fastest on the schedule graph. Their
-        # local optima differ widely and not in the order of the starts (Llama 3 405B cp 1:
-        # starts at 11.36 s descend to 9.15, 9.70 or 10.27 s), and which one leads to the best
-        # layout changes with the step-time coefficients: descending from each solve's best
-        # answer alone gave 9.15 s, and 10.27 s after a 0.4% refit of the H100 profile
-        found = [a for k in (0, 1) for a in round_seeds(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k)]
-        found = list(dict.fromkeys(found))
-        if found:
-            order = np.argsort(lin.screen([a.decoders + a.recompute for a in found]).makespan_s, kind="stable")
-            starts = tuple(found[k] for k in order[:ROUND_STARTS])
-        # and the layers poured into the ranks that still fit them (fill_seed): near the split
-        # where memory binds on a few ranks (Llama 3 405B cp 1 under ZeRO-2: 6.94 s, where
-        # round_seeds' answers pile every rank's layers into its last chunks and descend to 7.41 s)
-        filled = fill_seed(ctx, lin) if min_layers == 0 and max_layers is None else None
-        if filled is not None and filled not in starts and (chunk_spread is None or regular(filled, chunk_spread)):
-            starts = starts + (filled,)
-        for seed in starts:
-            score = score_of(seed)
-            cut(*path_of(ctx, score))
-            if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
-                best, best_score = seed, score
-        seeds = seeds + starts
+    seeds, starts, zero_start = known_layouts(ctx, lin, lm, inc, score_of, seeds, time_limit_s, min_layers, max_layers, chunk_spread, graph)
 
     nearest = None
 
@@ -384,7 +461,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         """Local search from a layout (repaired first where it does not fit): a better
         incumbent, and the longest paths of the layouts around the local optimum as cuts (the
         ones CP-SAT's bound needs there)."""
-        nonlocal best, best_score, nearest
+        nonlocal nearest
         if not local or budget_s <= 0:
             return
         decoders, _, paths, recomputed = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
@@ -396,16 +473,15 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         add_rows(decoders + recomputed)
         nearest = found  # a repair that fell short still makes CP-SAT's best hint
         score = score_of(found)
-        if score.fits and (best_score is None or layout_makespan(score) < layout_makespan(best_score)):
-            best, best_score = found, score
+        inc.offer(found, score)
 
-    rows = MemoryRows(model, ctx, lin, run_counts, rc_counts if recompute else None)
+    rows = MemoryRows(model, ctx, lin, lm.run_counts, lm.rc_counts if recompute else None)
     add_rows = rows.add_broken
     if recompute and level is None and tables is None:
         # a rank recomputes only where it must (with one kind of layer the rank tables above
         # already price what its memory forces, and these 16 more booleans slowed the rounds:
         # Llama 3 405B cp 1, free layouts after a regular search, 5.4% -> 7.8% in 10 s)
-        rows.recompute_only_where_needed(run_counts, rc_counts)
+        rows.recompute_only_where_needed(lm.run_counts, lm.rc_counts)
     for layout in seeds:
         add_rows(layout.decoders + layout.recompute)
     def by_levels() -> LayoutSolution | None:
@@ -413,12 +489,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         or only N = 0: the search without recompute), else None (the N still open kept for
         CP-SAT's domain)."""
         nonlocal level_floor, open_levels
-        best_makespan = layout_makespan(best_score)
+        best_makespan = layout_makespan(inc.score)
         open_levels, low = level_range(ctx, lin, best_makespan, n_layers if max_layers is None else max_layers, tables)
         level_floor = max(level_floor, low)
         if not open_levels:
-            return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, best_makespan, True,
-                                  time.perf_counter() - start, best_score.fits, 0, "levels")
+            return LayoutSolution(inc.layout, inc.score.step_time_s, best_makespan, inc.score.bound_s, best_makespan, True,
+                                  time.perf_counter() - start, inc.score.fits, 0, "levels")
         if open_levels == [0]:
             # the cuts so far go in (a descent's, near the incumbent, where one ran; a per-stage
             # search's, shared through `paths`) and the time to CP-SAT's rounds, not to a local
@@ -429,7 +505,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             zero = [0] * stages
             known = set(cuts) | set(paths or ())
             plain = solve_layout(dataclasses.replace(ctx, lc_full=None), max(time_limit_s - (time.perf_counter() - start), 0.05), workers,
-                                 min_layers, refine, seeds=(best.with_recompute(zero),),
+                                 min_layers, refine, seeds=(inc.layout.with_recompute(zero),),
                                  round_limit_s=round_limit_s, max_layers=max_layers, chunk_spread=chunk_spread, local=False,
                                  neighbour_paths=neighbour_paths, scores=scores, paths=known, region_fraction=region_fraction)
             if paths is not None:
@@ -438,14 +514,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 return dataclasses.replace(plain, solve_s=time.perf_counter() - start, bound_source="levels")
             # the incumbent (some N >= 1) stays: no N >= 1 beats it, nor a layout without recompute below plain's bound
             lower = min(plain.lower_bound_s, best_makespan)
-            return LayoutSolution(best, best_score.step_time_s, best_makespan, best_score.bound_s, lower, lower >= best_makespan,
-                                  time.perf_counter() - start, best_score.fits, plain.rounds, "levels", plain.interrupted)
+            return LayoutSolution(inc.layout, inc.score.step_time_s, best_makespan, inc.score.bound_s, lower, lower >= best_makespan,
+                                  time.perf_counter() - start, inc.score.fits, plain.rounds, "levels", plain.interrupted)
         return None
 
     level_floor = -math.inf  # one N: the least of level_work_bounds over the N still open
     open_levels = None  # one N: the N level_work_bounds leaves open, once checked
     check_levels = level is not None and refine and not graph
-    if check_levels and best is not None:
+    if check_levels and inc.layout is not None:
         # One N for every stage: the N whose ranks' busy time alone reaches the incumbent are out
         # (level_work_bounds: with N >= 1 every chunk holding a layer recomputes one). Where
         # only N = 0 is left the layouts recompute nothing, and the search without recompute
@@ -460,7 +536,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if settled is not None:
             return settled
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
-    slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1 + first_gather) / TIME_SCALE
+    slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1 + lm.first_gather) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector
@@ -473,8 +549,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if starts:  # the local search from each (the better start is not the better end)
             for seed in starts:
                 descend(seed, local_s)
-        elif best is not None:
-            for seed in ([zero_start] if zero_start is not None and zero_start != best else []) + [best]:
+        elif inc.layout is not None:
+            for seed in ([zero_start] if zero_start is not None and zero_start != inc.layout else []) + [inc.layout]:
                 descend(seed, local_s)
                 if check_levels:
                     settled = by_levels()
@@ -489,11 +565,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             ends = {}
             for rank_ops in ctx.ops:
                 for op in rank_ops:
-                    ends[op.kind, op.stage, op.microbatch] = model.NewIntVar(0, horizon, "")
+                    ends[op.kind, op.stage, op.microbatch] = model.NewIntVar(0, lm.horizon, "")
             for rank_ops in ctx.ops:
                 previous = None
                 for op in rank_ops:
-                    duration = f_expr[op.stage] if op.kind == "F" else b_expr[op.stage]
+                    duration = lm.f_expr[op.stage] if op.kind == "F" else lm.b_expr[op.stage]
                     end = ends[op.kind, op.stage, op.microbatch]
                     preds = ([previous] if previous is not None else []) + [ends[key] for key in op_inputs(op, stages - 1)]
                     for pred in preds or [0]:
@@ -506,7 +582,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             """Score CP-SAT's answers on the schedule graph in one batch: each one's longest path
             becomes a cut, the memory rows it breaks come in, the best that fits (the exact model
             confirming) becomes the incumbent; whether anything was new."""
-            nonlocal best, best_score
             vectors = np.array(answers, dtype=np.int64)
             new = False
             for i in range(0, len(vectors), 64):
@@ -519,38 +594,38 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                     if not fits[k]:
                         new |= add_rows(part[k])
                         continue
-                    if values[k] >= layout_makespan(best_score):
+                    if values[k] >= layout_makespan(inc.score):
                         break
                     layout = make(part[k])
                     score = score_of(layout)
                     new |= add_rows(part[k])
                     if score.fits:
-                        best, best_score, new = layout, score, True
+                        inc.layout, inc.score, new = layout, score, True
                         break
             return new
 
-        if refine and best is not None and chunk_spread is None and not graph and recompute and level is None:
+        if refine and inc.layout is not None and chunk_spread is None and not graph and recompute and level is None:
             # rounds ask only for layouts below the incumbent: ranks that cannot recompute in one
             # (recomputing_ranks, the dominance of recompute_only_where_needed) recompute nothing
-            maybe = recomputing_ranks(ctx, layout_makespan(best_score), lin)
+            maybe = recomputing_ranks(ctx, layout_makespan(inc.score), lin)
             for r in range(pp):
                 if r not in maybe:
                     for s in ctx.stages_of[r]:
                         model.Add(rc[int(s)] == 0)
-        if refine and best is not None and chunk_spread is None and not graph and level is None:
+        if refine and inc.layout is not None and chunk_spread is None and not graph and level is None:
             # free layouts: the paths that dwell on one or two overloaded chunks (dwell_paths),
             # around the incumbent's stage times (not with one N: Llama 3 405B cp 1's one-N bound
             # fell with them, 18.79-18.80% -> 18.82-19.23% in 10 s)
-            counts, recomputed = lin.layout_counts(np.array(best.decoders + best.recompute)[None])
+            counts, recomputed = lin.layout_counts(np.array(inc.layout.decoders + inc.layout.recompute)[None])
             for n_f, n_b in dwell_paths(ctx, tuple(x[:, 0] for x in lin.times(counts, recomputed if recompute else None))):
                 cut(n_f, n_b)
-        if best is not None and best.any_recompute:
+        if inc.layout is not None and inc.layout.any_recompute:
             # the region's LP leaves recompute out, so it cannot reach an incumbent that pays for
             # some: the region's integer rows for CP-SAT, and the time to its rounds (Llama 3 405B
             # cp 1, per-chunk recompute, free phase of two_phase: 11.5% -> 6.3-6.6%)
             region_fraction = min(region_fraction, 0.3)
         region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
-        if refine and best is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
+        if refine and inc.layout is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
             # Free layouts, with an incumbent: the integer consequences of beating it (rank
             # totals, stage 0) and, within them, the LP relaxation of the schedule graph. Where
             # the LP reaches the incumbent, that certifies it without a CP-SAT round (Llama 3
@@ -558,7 +633,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # otherwise the region's rows and the LP's paths join the model (the rows hold for
             # every layout the rounds ask for: those below the incumbent). Under a second for
             # it, its probes alone would overrun the limit.
-            goal = layout_makespan(best_score) - 2 * slack
+            goal = layout_makespan(inc.score) - 2 * slack
             t_region = time.perf_counter()
             region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget, tables=tables)
             if region is None:
@@ -568,7 +643,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                     model.Add(sum(t[r::pp]) >= region.low[r])
                     model.Add(sum(t[r::pp]) <= region.high[r])
                 model.Add(t[0] <= region.stage0_high)
-                pool = [path_of(ctx, best_score)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(cuts)]
+                pool = [path_of(ctx, inc.score)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(cuts)]
                 found_lb, lp_paths = lp_region_bound(ctx, region, goal, pool=pool,
                                                      time_limit_s=region_budget - (time.perf_counter() - t_region),
                                                      lin=lin, min_layers=min_layers, max_layers=max_layers)
@@ -582,14 +657,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 bound = max(bound, lp_bound)
         if split_fraction is None:  # see the docstring: where it was measured to certify
             split_fraction = 0.0
-            if chunk_spread is not None and best is not None:
-                split_fraction = 1.0 if max(sum(best.recompute[r::pp]) for r in range(pp)) <= 1 else 0.0
+            if chunk_spread is not None and inc.layout is not None:
+                split_fraction = 1.0 if max(sum(inc.layout.recompute[r::pp]) for r in range(pp)) <= 1 else 0.0
         split_budget = split_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
-        if refine and best is not None and recompute and not graph and not proven and split_budget >= 0.5:
-            goal = layout_makespan(best_score)
+        if refine and inc.layout is not None and recompute and not graph and not proven and split_budget >= 0.5:
+            goal = layout_makespan(inc.score)
             found_lb, split_paths = recompute_split_bound(ctx, goal, lin, time_limit_s=split_budget, workers=workers, paths=cuts,
                                                           chunk_spread=chunk_spread, min_layers=min_layers, max_layers=max_layers,
-                                                          hint=best, round_limit_s=round_limit_s)
+                                                          hint=inc.layout, round_limit_s=round_limit_s)
             for n_f, n_b in split_paths:
                 cut(n_f, n_b)
             if found_lb is not None:
@@ -598,15 +673,15 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 proven = found_lb >= goal - 2 * max(slack, split_slack(ctx, lin))
         while not proven:
             remaining = time_limit_s - (time.perf_counter() - start)
-            if remaining <= 0 and best is not None:
+            if remaining <= 0 and inc.layout is not None:
                 break
-            if refine and best is not None and chunk_spread is None:
+            if refine and inc.layout is not None and chunk_spread is None:
                 # Free layouts, with an incumbent: ask only for layouts the model prices below it
                 # (z < incumbent - 2 slack). Every answer is then either truly better (the new
                 # incumbent) or priced too low, and its longest path is a new cut that removes it;
                 # and no answer at all (INFEASIBLE) certifies the incumbent. Each round returns
                 # every answer CP-SAT found, not only its last, so one round brings many cuts.
-                best_makespan = layout_makespan(best_score)
+                best_makespan = layout_makespan(inc.score)
                 # a round stops round_limit_s in once it has answers, and goes on while it has
                 # none; a round cut short loses its presolve and LP with it: where less than two
                 # rounds' time is left, this one takes it all (Llama 3 405B's 128-stage model
@@ -628,7 +703,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # incumbent), later ones are capped; free layouts without an incumbent are capped too, so
             # that the first layout that fits switches to the rounds above (a round that finds
             # nothing gets the rest of the time)
-            capped = (best is not None and rounds > 0) if chunk_spread is not None else not stalled
+            capped = (inc.layout is not None and rounds > 0) if chunk_spread is not None else not stalled
             time_s = min(remaining, round_limit_s) if capped else remaining
             if chunk_spread is not None:
                 # regular layouts: CP-SAT's full presolve (their first round has all the time and,
@@ -643,25 +718,23 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             else:
                 solver = round_solver(time_s, workers)
             model.ClearHints()
-            hint = best if best is not None else nearest
+            hint = inc.layout if inc.layout is not None else nearest
             if hint is not None:
                 for var, value in zip(vars_, hint.decoders + hint.recompute):
                     model.AddHint(var, value)
             status = cp_solver.solve(solver, model)
             rounds += 1
-            if status == cp_model.UNKNOWN and best is None and chunk_spread is None and time_limit_s - (time.perf_counter() - start) > 0.1:
+            if status == cp_model.UNKNOWN and inc.layout is None and chunk_spread is None and time_limit_s - (time.perf_counter() - start) > 0.1:
                 stalled = True
                 continue
             if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                if best is not None:
+                if inc.layout is not None:
                     break
                 raise LayoutError("no layout of this configuration fits the GPU memory" if status == cp_model.INFEASIBLE else "the layout search found no layout within its time limit")
             bound = max(bound, solver.BestObjectiveBound() / TIME_SCALE - slack)  # proven whatever the status
             layout = make([solver.Value(v) for v in vars_])
             score = score_of(layout)
-            makespan = layout_makespan(score)
-            if score.fits and (best_score is None or makespan < layout_makespan(best_score)):
-                best, best_score = layout, score
+            inc.offer(layout, score)
             if not score.fits:  # a memory row not in the model yet, or the integer rounding: add it, or exclude the layout
                 if not add_rows(layout.decoders + layout.recompute):
                     model.AddForbiddenAssignments(vars_, [layout.decoders + layout.recompute])
@@ -670,7 +743,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             if not refine:
                 proven = status == cp_model.OPTIMAL
                 break
-            best_makespan = layout_makespan(best_score)
+            best_makespan = layout_makespan(inc.score)
             if status == cp_model.OPTIMAL and best_makespan <= bound + 2 * slack:
                 proven = True
                 break
@@ -679,12 +752,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 proven = True  # its own path was already a cut: CP-SAT's value is its makespan
                 break
     except KeyboardInterrupt:
-        if best is None:  # nothing that fits to give back
+        if inc.layout is None:  # nothing that fits to give back
             raise
         interrupted = True
     if paths is not None:
         paths.update(cuts)
-    makespan = layout_makespan(best_score)
+    makespan = layout_makespan(inc.score)
     source = "rank-lp" if lp_bound is not None and bound <= lp_bound else "recompute-split" if split_bound is not None and bound <= split_bound else "cp-sat"
     if not proven:
         floor = work_bound_s(ctx, lin) - slack
@@ -692,8 +765,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             bound, source = floor, "work"
         if level_floor - slack > bound:
             bound, source = level_floor - slack, "level-work"
-    return LayoutSolution(best, best_score.step_time_s, makespan, best_score.bound_s, float(min(bound, makespan) if proven else bound),
-                          proven, time.perf_counter() - start, best_score.fits, rounds, source, interrupted)
+    return LayoutSolution(inc.layout, inc.score.step_time_s, makespan, inc.score.bound_s, float(min(bound, makespan) if proven else bound),
+                          proven, time.perf_counter() - start, inc.score.fits, rounds, source, interrupted)
 
 
 def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...],
