@@ -193,7 +193,18 @@ def render_layout(report: dict) -> str:
             f"{report['step_time_s']:.4f} s against {report['megatron_split_step_time_s']:.4f} s for the split "
             f"({100 * report['gain']:+.2f}%), {verdict}\n  --pipeline-model-parallel-layout {report['layout']}"
             + (f"\n  launched by the {report['launched_as']} flags, which build it" if report.get("launched_as", "pipeline_layout") != "pipeline_layout" else "")
-            + render_layout_recompute(report))
+            + render_layout_regular(report) + render_layout_recompute(report))
+
+
+def render_layout_regular(report: dict) -> str:
+    """Where the free search is not certified: what its first phase proved among regular
+    layouts (a rank's chunks within one layer), often the split certified there: the gap left
+    is then the irregular layouts'."""
+    regular = report.get("regular")
+    if report["optimal"] or not regular:
+        return ""
+    status = "certified optimal" if regular["optimal"] else f"step gap {100 * regular['step_gap']:.2f}%"
+    return f"\n  among regular layouts (a rank's chunks within one layer): {regular['step_time_s']:.4f} s, {status} there"
 
 
 def render_layout_recompute(report: dict) -> str:
