@@ -338,6 +338,38 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
     return seeds, starts, zero_start
 
 
+def region_bound(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, incumbent, goal_s: float, slack_s: float, budget_s: float,
+                 tables, min_layers: int, max_layers: int | None) -> tuple[float | None, bool]:
+    """Free layouts of one kind of layer, with an incumbent (its score): the integer
+    consequences of beating it (rank_order_region: rank totals, stage 0) and, within them, the
+    LP relaxation of the schedule graph (lp_region_bound), in `budget_s`. Where the LP reaches
+    `goal_s` (the incumbent less the rounding slack), that certifies the incumbent without a
+    CP-SAT round (Llama 3 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify
+    in 20 s); otherwise the region's rows and the LP's paths join the model (the rows hold for
+    every layout the rounds ask for: those below the incumbent). solve_layout runs it with a
+    second or more: under that, its probes alone would overrun the limit.
+    Returns (the bound proven for every layout, None where the LP proved nothing; whether it
+    certifies the incumbent)."""
+    pp, t = ctx.pp, lm.t
+    t_region = time.perf_counter()
+    region = rank_order_region(ctx, goal_s, lin, time_limit_s=0.2 * budget_s, tables=tables)
+    if region is None:
+        return goal_s, True
+    for r in range(pp):
+        lm.model.Add(sum(t[r::pp]) >= region.low[r])
+        lm.model.Add(sum(t[r::pp]) <= region.high[r])
+    lm.model.Add(t[0] <= region.stage0_high)
+    pool = [path_of(ctx, incumbent)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(lm.cuts)]
+    found_lb, lp_paths = lp_region_bound(ctx, region, goal_s, pool=pool, time_limit_s=budget_s - (time.perf_counter() - t_region),
+                                         lin=lin, min_layers=min_layers, max_layers=max_layers)
+    for n_f, n_b in lp_paths:
+        lm.cut(n_f, n_b)
+    if found_lb is None:
+        return None, False
+    # a layout outside the region is no faster than the goal, one inside no faster than found_lb
+    return min(goal_s, found_lb - slack_s), found_lb - slack_s >= goal_s
+
+
 def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 2, min_layers: int = 0, refine: bool = True,
                  seeds: tuple[StageLayout, ...] = (), round_limit_s: float = 4.0, graph: bool = False,
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
@@ -443,7 +475,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             table_cache[most] = [least_recompute(ctx, lin, r, most) for r in range(pp)]
         tables = table_cache[most]
     lm = build_layout_model(ctx, lin, min_layers, max_layers, chunk_spread, uniform_recompute, tables, paths)
-    model, t, rc, level, vars_, z, cut, cuts = lm.model, lm.t, lm.rc, lm.level, lm.vars_, lm.z, lm.cut, lm.cuts
+    model, rc, level, vars_, z, cut, cuts = lm.model, lm.rc, lm.level, lm.vars_, lm.z, lm.cut, lm.cuts
     mtp = np.zeros(stages)
     mtp[-1] = ctx.problem.model.mtp_layers
     inc = Incumbent()  # the best layout that fits so far
@@ -484,6 +516,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         rows.recompute_only_where_needed(lm.run_counts, lm.rc_counts)
     for layout in seeds:
         add_rows(layout.decoders + layout.recompute)
+
     def by_levels() -> LayoutSolution | None:
         """One N (see below): the answer where level_work_bounds settles the search (no N open,
         or only N = 0: the search without recompute), else None (the N still open kept for
@@ -626,33 +659,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             region_fraction = min(region_fraction, 0.3)
         region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
         if refine and inc.layout is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
-            # Free layouts, with an incumbent: the integer consequences of beating it (rank
-            # totals, stage 0) and, within them, the LP relaxation of the schedule graph. Where
-            # the LP reaches the incumbent, that certifies it without a CP-SAT round (Llama 3
-            # 405B on pp 16 x vp 8, which CP-SAT over the same cuts does not certify in 20 s);
-            # otherwise the region's rows and the LP's paths join the model (the rows hold for
-            # every layout the rounds ask for: those below the incumbent). Under a second for
-            # it, its probes alone would overrun the limit.
-            goal = layout_makespan(inc.score) - 2 * slack
-            t_region = time.perf_counter()
-            region = rank_order_region(ctx, goal, lin, time_limit_s=0.2 * region_budget, tables=tables)
-            if region is None:
-                lp_bound, proven = goal, True
-            else:
-                for r in range(pp):
-                    model.Add(sum(t[r::pp]) >= region.low[r])
-                    model.Add(sum(t[r::pp]) <= region.high[r])
-                model.Add(t[0] <= region.stage0_high)
-                pool = [path_of(ctx, inc.score)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(cuts)]
-                found_lb, lp_paths = lp_region_bound(ctx, region, goal, pool=pool,
-                                                     time_limit_s=region_budget - (time.perf_counter() - t_region),
-                                                     lin=lin, min_layers=min_layers, max_layers=max_layers)
-                for n_f, n_b in lp_paths:
-                    cut(n_f, n_b)
-                if found_lb is not None:
-                    # a layout outside the region is no faster than the goal, one inside no faster than found_lb
-                    lp_bound = min(goal, found_lb - slack)
-                    proven = found_lb - slack >= goal
+            lp_bound, proven = region_bound(ctx, lin, lm, inc.score, layout_makespan(inc.score) - 2 * slack, slack, region_budget,
+                                            tables, min_layers, max_layers)
             if lp_bound is not None:
                 bound = max(bound, lp_bound)
         if split_fraction is None:  # see the docstring: where it was measured to certify
