@@ -289,8 +289,7 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
     # schedule graph and the linear memory test (the exact model's), which gives every one's
     # longest path at once, and only the fastest that passes is simulated, to confirm it; the
     # others are scored exactly.
-    standard = mtp
-    graph_seeds = [layout for layout in seeds if layout.mtp == standard and layout.stages == stages]
+    graph_seeds = [layout for layout in seeds if layout.mtp == mtp and layout.stages == stages]
     candidates = [layout for layout in seeds if layout not in graph_seeds]
     if graph_seeds:
         screened = lin.screen([layout.decoders + layout.recompute for layout in graph_seeds])
