@@ -294,7 +294,8 @@ def test_dwell_paths_bound_every_layout(tmp_path, pp, vp, budget):
 @pytest.mark.parametrize("memory_mib", [81559, 39000])
 def test_regular_layouts(tmp_path, memory_mib):
     """chunk_spread=1 finds the best layout among those whose chunks on one rank differ by at
-    most one layer (enumeration restricted the same way); two_phase is never worse than it."""
+    most one layer (enumeration restricted the same way); two_phase is never worse than it, and
+    certifies the optimum over every layout."""
     ctx = context(tmp_path, 2, 2, memory_mib)
     scored = [(s.pipeline_s - s.pp_exposed_s, lay) for lay, s in enumerate_layouts(ctx) if s.fits and regular(lay, 1)]
     best = min(v for v, _ in scored)
@@ -303,6 +304,11 @@ def test_regular_layouts(tmp_path, memory_mib):
     assert solution.makespan_s == pytest.approx(best, rel=1e-6)
     first, second = two_phase(ctx, 20, 2, ())
     assert second.makespan_s <= first.makespan_s * (1 + 1e-12)
+    # the regular phase certified, its free phase runs no local search and still finds and
+    # certifies the optimum over every layout (an irregular one better than the regular
+    # optimum would be an answer of its CP-SAT rounds)
+    assert first.optimal and second.optimal
+    assert second.makespan_s == pytest.approx(min(s.pipeline_s - s.pp_exposed_s for _, s in enumerate_layouts(ctx) if s.fits), rel=1e-6)
 
 
 @pytest.mark.parametrize("schedule,pp,vp,m,group", [("1f1b", 4, 1, 6, None), ("interleaved_1f1b", 4, 2, 8, None), ("interleaved_1f1b", 2, 3, 4, None),
