@@ -781,7 +781,8 @@ def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tupl
               tables: dict | None = None) -> tuple[LayoutSolution | None, LayoutSolution]:
     """Regular layouts first (chunks of a rank within one layer: a small model that CP-SAT
     certifies or nearly so) with `regular_share` of the time, then free layouts seeded with that
-    answer, with what is left and never less than `free_floor` of the limit (so a regular phase
+    answer (without a local search where the regular phase certified it: see below), with what
+    is left and never less than `free_floor` of the limit (so a regular phase
     that overruns its share, CP-SAT presolve included, cannot leave the free phase nothing:
     the free search's bound is the one reported, and it needs CP-SAT rounds of its own). The
     seeds' scores and the ranks' recompute tables are shared by both phases (the exact model

@@ -217,20 +217,22 @@ def test_ctrl_c_in_the_dualpipev_search_returns_its_best_so_far(tmp_path, monkey
     fitting = [(score.pipeline_s - score.pp_exposed_s, layout) for layout, score in enumerate_layouts(ctx) if score.fits]
     best = min(value for value, _ in fitting)
     start_makespan, start = max(fitting, key=lambda x: x[0])
+    # one CP-SAT worker: each run takes the same solves, so the at-th call is the same solve in
+    # every run (with two, a run could take one solve fewer and miss the Ctrl-C: 1 run in 5)
     calls = interrupting(monkeypatch, 0)
-    whole = vee_layout_search(ctx, 10.0, start)
+    whole = vee_layout_search(ctx, 10.0, start, workers=1)
     total = len(calls)
     assert total >= 2 and whole.optimal and not whole.interrupted
     for at in range(1, total + 1):
         interrupting(monkeypatch, at)
-        solution = uninterrupted(vee_layout_search, ctx, 10.0, start)
+        solution = uninterrupted(vee_layout_search, ctx, 10.0, start, workers=1)
         assert solution.interrupted and solution.fits and solution.layout.vee, at
         assert best * (1 - 1e-12) <= solution.makespan_s <= start_makespan * (1 + 1e-12)
         assert solution.lower_bound_s <= best * (1 + 1e-9)
     # the rounds alone, from that start: a Ctrl-C in their last solve keeps what they found
     calls = interrupting(monkeypatch, 0)
-    found, _, proven, _, stopped = vee_rounds(ctx, start, memo_scorer(ctx), time.perf_counter() + 10.0)
+    found, _, proven, _, stopped = vee_rounds(ctx, start, memo_scorer(ctx), time.perf_counter() + 10.0, workers=1)
     assert proven and not stopped and found != start
     interrupting(monkeypatch, len(calls))
-    kept, bound, proven, _, stopped = uninterrupted(vee_rounds, ctx, start, memo_scorer(ctx), time.perf_counter() + 10.0)
+    kept, bound, proven, _, stopped = uninterrupted(vee_rounds, ctx, start, memo_scorer(ctx), time.perf_counter() + 10.0, workers=1)
     assert stopped and not proven and kept == found and bound <= best * (1 + 1e-9)
