@@ -66,8 +66,8 @@ def cases():
     Megatron's split fits 80 GB, and without (cp 1) where it does not; DeepSeek-V3 on 2048 of
     MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2), as the
     homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last).
-    Llama 3 405B cp 1 also under ZeRO-2, Meta's sharding, where the split is 2.2 GiB over, and
-    under Llama 3's flexible schedule (rounds of nc = 32 micro-batches on 8,192 GPUs)."""
+    Llama 3 405B cp 1 also under ZeRO-2, Meta's sharding, where the split is 2.2 GiB over, cp 2
+    under ZeRO-2 (two gradient windows per stage), and cp 1 under Llama 3's flexible schedule (rounds of nc = 32 micro-batches on 8,192 GPUs)."""
     llama = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_16384xh100_seq8k.yaml"), ["config=null"])
     common = dict(tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
     llama_baselines = {"even by count": balanced_layout(126, 0, 16, 8), "first/last -1 (Llama 3, embedding+loss)": megatron_layout(126, 0, 16, 8, 7, 7)}
@@ -76,6 +76,10 @@ def cases():
     # Meta's own sharding (ZeRO-2; 16 micro-batches, one gradient window per stage: searchable)
     yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, ZeRO-2", llama, ConfigBatch.from_columns(16384, **{**common, "zero_stage": 2}),
            llama_baselines)
+    # ZeRO-2 with cp 2: 32 micro-batches in rounds of 16, so each stage reduce-scatters its gradients twice per step and the
+    # first window's hides behind its rank's compute (the search's min and max per stage, LinearLayouts.windows)
+    yield ("Llama 3 405B, 16384 H100, tp8 cp2 pp16 vp8, ZeRO-2 (2 gradient windows per stage)", llama,
+           ConfigBatch.from_columns(16384, cp=2, **{**common, "zero_stage": 2}), llama_baselines)
     # Llama 3's flexible schedule (section 3.1.1): 8192 GPUs, 32 micro-batches in rounds of nc = 32
     yield ("Llama 3 405B, 8192 H100, tp8 cp1 pp16 vp8, flexible schedule nc 32", llama,
            ConfigBatch.from_columns(8192, **common, pp_schedule=PP_SCHEDULE_CODES["flexible"], pp_group=32), llama_baselines)

@@ -95,7 +95,8 @@ from costmodel.placement import stage_groups
 from costmodel.schedule_sim import CompiledSchedule, compile_schedule, flat_ops, schedule_ops, simulate
 from costmodel.specs import Problem
 from costmodel.units import DTYPE_BYTES, US
-from costmodel.update import cooldown_passes, optimizer_time, window_compute_s, window_traffic, zero3_gathers, zero3_gathers_per_step
+from costmodel.update import (cooldown_passes, optimizer_time, reduce_scatter_grads, window_compute_s, windows_exposed, zero3_gathers,
+                              zero3_gathers_per_step)
 
 SYMBOLS = "EtmL"
 
@@ -541,6 +542,24 @@ def zero_traffic_s(ctx: LayoutContext, counts: np.ndarray, mtp: np.ndarray, both
     the layout) this is finer: a heavy stage's reduce-scatter hides less. counts: [stage, kind]
     layers of every stage in model order (MTP included); mtp: MTP modules per stage; both_s:
     each stage's forward + backward seconds without it (the compute the windows hide behind)."""
+    terms = stage_zero_terms(ctx, counts, mtp)
+    micro = float(ctx.microbatches)
+    window = stage_windows_s(ctx, terms.reduce_scatter_s, both_s - 2.0 * unit_costs(ctx)["overhead"], terms.window_used)
+    return terms.exposed_f / micro, terms.exposed_b / micro + window
+
+
+@dataclasses.dataclass(frozen=True)
+class StageZeroTerms:
+    """zero_traffic_s' terms of each stage (model order) that depend on its own layers only."""
+
+    exposed_f: np.ndarray  # ZeRO-3's gathers in the forward passes of one step, seconds
+    exposed_b: np.ndarray  # and in the backward passes
+    window_used: np.ndarray  # the compute its prefetches overlap in one step, seconds
+    reduce_scatter_s: np.ndarray  # one reduce-scatter of its gradients, seconds
+
+
+def stage_zero_terms(ctx: LayoutContext, counts: np.ndarray, mtp: np.ndarray) -> StageZeroTerms:
+    """zero_traffic_s' per-stage terms of layer counts [stage, kind] and MTP modules [stage]."""
     lc, cfg, x = ctx.lc, ctx.cfg_plain, ctx.cfg_plain.derived()
     hw, tr = ctx.problem.hardware, ctx.problem.training
     moe = ctx.problem.model.moe is not None
@@ -559,8 +578,8 @@ def zero_traffic_s(ctx: LayoutContext, counts: np.ndarray, mtp: np.ndarray, both
     u = unit_costs(ctx)
     layers = counts.sum(axis=1)
     per_layer = np.maximum(layers, 1.0)
-    used = np.zeros(stages)
-    extra_f, extra_b = np.zeros(stages), np.zeros(stages)
+    zero = np.zeros(stages)
+    exposed_f, exposed_b, used = zero, zero, zero
     d_para, d_grad = tr.bytes_of("params"), tr.bytes_of("grads")
     if x.any_zero3:
         expert_layer = counts @ np.array([_scalar(k.expert_params) for k in lc.kinds])
@@ -571,13 +590,24 @@ def zero_traffic_s(ctx: LayoutContext, counts: np.ndarray, mtp: np.ndarray, both
         b_layer = counts @ u["kind_total"] / per_layer - f_layer
         gathers = zero3_gathers(dense_layer / per_layer, expert_layer / per_layer, edge_params, layers, gathers_f, gathers_b, 1.0, x, ctx.groups,
                                 ctx.net, hw, d_para, f_layer, b_layer, moe)
-        extra_f, extra_b = gathers.exposed_f / micro, gathers.exposed_b / micro
-        used = gathers.window_used + np.zeros(stages)
-    compute = both_s - 2.0 * u["overhead"]  # costmodel.evaluate's per_mb: the passes without the chunk overheads
+        exposed_f, exposed_b, used = gathers.exposed_f + zero, gathers.exposed_b + zero, gathers.window_used + zero
+    rs = reduce_scatter_grads(d_grad * dense_s, d_grad * expert_s, x, ctx.groups, ctx.net, moe) + zero
+    return StageZeroTerms(exposed_f, exposed_b, used, rs)
+
+
+def stage_windows_s(ctx: LayoutContext, reduce_scatter_s, compute_s, window_used_s) -> np.ndarray:
+    """zero_traffic_s' gradient windows: seconds per micro-batch each stage's earlier windows add
+    to its backward ([..., stage], model order; vectorized over leading axes). A stage's
+    reduce-scatter hides behind its rank's compute between two windows (window_compute_s: the
+    rank's compute of one step, `compute_s` per micro-batch of each of its stages without the
+    chunk overheads, less what its prefetches overlap, `window_used_s` per stage)."""
+    cfg, x = ctx.cfg_plain, ctx.cfg_plain.derived()
+    micro = float(ctx.microbatches)
+    windows = float(grad_windows(cfg, np.array([micro]))[0])
     rank_of = np.array(stage_ranks(ctx.pp, ctx.vp, ctx.vee))
-    gap = window_compute_s(micro, np.bincount(rank_of, compute, ctx.pp), np.bincount(rank_of, used, ctx.pp), windows, ctx.vp)
-    window = window_traffic(dense_s, expert_s, 1.0, x, ctx.groups, ctx.net, hw, d_grad, windows, gap[rank_of], moe) / micro
-    return extra_f + np.zeros(stages), extra_b + window + np.zeros(stages)
+    on_rank = (rank_of[:, None] == np.arange(ctx.pp)).astype(float)  # [stage, rank]
+    gap = window_compute_s(micro, np.asarray(compute_s) @ on_rank, np.asarray(window_used_s) @ on_rank, windows, ctx.vp)
+    return windows_exposed(reduce_scatter_s, 1.0, x, ctx.problem.hardware, windows, gap[..., rank_of]) / micro
 
 
 def chunk_times(u: dict, counts: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray,

@@ -205,6 +205,12 @@ def window_traffic(dense_params, expert_params, vp, x, groups, net, hw, d_grad, 
     if not np.any(x.shard_grads):
         return 0.0 * dense_params
     rs_stage = reduce_scatter_grads(d_grad * dense_params / vp, d_grad * expert_params / vp, x, groups, net, moe)
+    return windows_exposed(rs_stage, vp, x, hw, windows, window_compute)
+
+
+def windows_exposed(rs_stage, vp, x, hw, windows, window_compute):
+    """window_traffic from one virtual stage's gradient reduce-scatter seconds (`rs_stage`): the
+    windows before each stage's last, each hidden behind `window_compute` with DP overlap."""
     earlier = x.shard_grads * vp * (windows - 1.0)
     return earlier * hidden(rs_stage, np.maximum(window_compute, 0.0), hw.efficiency.dp_overlap, x.dp_overlap)
 

@@ -38,8 +38,10 @@ from costmodel.stage_layout import (
     rank_ledger,
     recompute_working_bytes,
     stage_ranks,
+    stage_times,
+    stage_windows_s,
+    stage_zero_terms,
     unit_costs,
-    zero_traffic_s,
 )
 from optimizer import cp_solver
 from optimizer.schedule_graph import ScheduleGraph, schedule_graph
@@ -101,31 +103,64 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
 
 
 def check_linear(ctx: LayoutContext) -> None:
-    """Refuse skeletons whose stage times are not linear in the layer counts (with a fixed cost
-    per stage that holds a layer, LinearLayouts.first_forward_s): where a stage reduces its
-    gradients more than once per step under ZeRO-2/3 (its earlier windows' reduce-scatters hide
-    behind its rank's compute: costmodel.stage_layout.zero_traffic_s), and ZeRO-3 with parameters
-    freed after the forward (every micro-batch gathers again, both passes) or more than one kind
-    of decoder layer (a stage gathers its mean layer). What is left adds per stage a fixed
-    exposed first gather, once per step, and a prefetch per layer (ZeRO-3 kept after the forward:
-    torchtitan's policy under PP), or nothing (ZeRO-2): 1F1B, all-forward-all-backward and
-    interleaved with as many micro-batches as a round (Llama 3's m = nc = pp) have one window per
-    stage; the ledgers (sharded states, every layer gathered, a gradient window of two stages'
-    share of the rank's) are affine in the counts like ZeRO-1's."""
+    """Refuse skeletons whose stage times are not piecewise linear in the layer counts:
+    ZeRO-3 with more than one kind of decoder layer (a stage gathers its mean layer, a ratio of
+    its counts), and DualPipeV's V under ZeRO-2/3 with a gradient window per micro-batch (its own
+    search, layout_vee, holds stage times linear). What is left adds per stage a fixed exposed
+    first gather where it holds a layer (ZeRO-3: once per window kept after the forward, every
+    micro-batch freed after it) and a prefetch per layer, and where a stage reduces its gradients
+    more than once per step (the interleaved schedule with more micro-batches than a round) its
+    earlier windows' reduce-scatters hidden behind its rank's compute between two windows: a
+    max and a min of affine forms (LinearLayouts.windows, WindowTerms). LinearLayouts checks
+    its times against the exact model's on probe layouts and refuses where they differ."""
     cfg = ctx.cfg
     x = cfg.derived()
     windows = float(grad_windows(cfg, np.array([float(ctx.microbatches)]))[0])
     why = None
-    if x.any_zero2 and windows > 1:
-        why = f"the reduce-scatters of its stages' earlier gradient windows ({windows:g} per stage per step)"
-    elif x.any_zero3 and int(cfg.reshard_after_forward[0]) == 1:
-        why = "its stages' gathers with parameters freed after the forward (reshard_after_forward)"
-    elif x.any_zero3 and len(kind_runs(ctx.kind_of_layer)) > 1:
+    if x.any_zero3 and len(set(kind for kind, _, _ in kind_runs(ctx.kind_of_layer))) > 1:
         why = "its stages' gathers of their mean layer, with more than one kind of decoder layer"
+    elif x.any_zero2 and windows > 1 and ctx.vee:
+        why = f"the reduce-scatters of DualPipeV's gradient windows ({windows:g} per stage per step)"
     if why is not None:
         raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: {why} are not linear in a "
-                          "stage's layers (supported: ZeRO 0-1; ZeRO-2 and ZeRO-3 without reshard after the forward, one kind of "
-                          "decoder layer, with one gradient window per stage); `mofa evaluate --pipeline-layout` scores a layout under it")
+                          "stage's layers (supported: ZeRO 0-1; ZeRO-2 and ZeRO-3 with one kind of decoder layer, outside "
+                          "DualPipeV); `mofa evaluate --pipeline-layout` scores a layout under it")
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowTerms:
+    """ZeRO-2/3's earlier gradient windows (costmodel.stage_layout.stage_windows_s) in the form
+    the search holds them: per stage, one reduce-scatter of its gradients,
+        rs_s = rs_const[s] + rs_first[s] * [t_s > 0] + rs_run . (layers of each kind-run),
+    and the compute its rank hides it behind, per micro-batch of each stage without the chunk
+    overheads, compute_run . counts + recompute . recomputed + compute_const[s], less the
+    prefetches' overlap used_const[s] + used_first[s] * [t_s > 0] + used_layer * t_s (per step).
+    The seconds per micro-batch a stage's backward gains are then
+        (windows - 1) / m * hidden(rs_s, max(gap_r, 0)),
+    gap_r = (m * sum of the rank's compute - its used) / (windows * vp)
+    (costmodel.update.windows_exposed: with DP overlap max(beta rs - gap, (alpha - 1) min(gap, beta rs)))."""
+
+    windows: float
+    rs_const: np.ndarray
+    rs_first: np.ndarray
+    rs_run: np.ndarray
+    compute_const: np.ndarray
+    compute_run: np.ndarray
+    used_const: np.ndarray
+    used_first: np.ndarray
+    used_layer: float
+
+
+def _affine_in_layers(probe, stages: int, what: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """(value at 0 layers, the jump of a stage's first layer, the slope per layer) of
+    probe(n): [stage] values with every stage holding n layers; refused where n = 1..3 are not
+    on one line whose slope is the same for every stage."""
+    v0, v1, v2, v3 = (np.asarray(probe(n), dtype=float) for n in range(4))
+    slope = v2 - v1
+    close = functools.partial(np.allclose, rtol=1e-9, atol=1e-15)
+    if not (close(slope, slope[0]) and close(v3 - v2, slope)):
+        raise LayoutError(f"the layout search does not model this skeleton's ZeRO traffic: {what} not linear in a stage's layers")
+    return v0 + np.zeros(stages), v1 - v0 - slope, float(slope[0])
 
 
 class LinearLayouts:
@@ -163,33 +198,83 @@ class LinearLayouts:
         # ZeRO-2/3's traffic inside the pipeline (costmodel.stage_layout.zero_traffic_s), read off
         # by probing it: the edge stages' own, a cost per layer and one per stage holding a layer
         self.first_forward_s = self.first_backward_s = np.zeros(self.stages)
+        self.windows: WindowTerms | None = None  # ZeRO-2/3's earlier gradient windows, where a stage has them
         if ctx.cfg.derived().any_zero2:
             self._add_zero_traffic(u, edge, mtp, first, last)
+            self._check_times()
         self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
         self.frag = ctx.mc.fragmentation
         self.capacity = ctx.problem.hardware.memory_bytes
 
     def _add_zero_traffic(self, u: dict, edge: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
-        """Probe zero_traffic_s with every stage holding 0..3 layers of the (one) decoder kind:
-        0 gives the edge stages' gathers, the differences the per-layer prefetch and the first
-        layer's exposed gather; a fourth point checks that it is linear from one layer on."""
-        kind = int(self.kind_of_run[0])
+        """Probe stage_zero_terms with every stage holding 0..3 layers of one kind: ZeRO-3's
+        gathers (the edge stages' at 0 layers, a per-layer prefetch and the first layer's
+        exposed gather; one kind of decoder layer, check_linear) and, where a stage has earlier
+        gradient windows, the terms of WindowTerms (its reduce-scatter per kind of layer)."""
+        ctx, micro = self.ctx, float(self.ctx.microbatches)
 
-        def probe(layers: int):
+        def terms(kind: int, layers: int):
             counts = edge.copy()
             counts[:, kind] += layers
-            forward, backward = chunk_times(u, counts, mtp, first, last)
-            return zero_traffic_s(self.ctx, counts, mtp, forward + backward)
+            return stage_zero_terms(ctx, counts, mtp)
 
-        (f0, b0), (f1, b1), (f2, b2), (f3, b3) = (probe(n) for n in range(4))
-        slope_f, slope_b = f2 - f1, b2 - b1
-        linear = all(np.allclose(a, a[0], rtol=1e-9, atol=1e-15) for a in (slope_f, slope_b)) and \
-            np.allclose(f3 - f2, slope_f, rtol=1e-9, atol=1e-15) and np.allclose(b3 - b2, slope_b, rtol=1e-9, atol=1e-15)
-        if not linear:
-            raise LayoutError("the layout search does not model this skeleton's ZeRO traffic: not linear in a stage's layers")
+        kind = int(self.kind_of_run[0])
+        f0, f_first, f_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_f / micro, self.stages, "its gathers")
+        b0, b_first, b_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_b / micro, self.stages, "its gathers")
         self.const_forward_s, self.const_backward_s = self.const_forward_s + f0, self.const_backward_s + b0
-        self.forward_s, self.backward_s = self.forward_s + slope_f[0], self.backward_s + slope_b[0]
-        self.first_forward_s, self.first_backward_s = f1 - f0 - slope_f, b1 - b0 - slope_b
+        self.forward_s, self.backward_s = self.forward_s + f_slope, self.backward_s + b_slope
+        self.first_forward_s, self.first_backward_s = f_first, b_first
+        windows = float(grad_windows(ctx.cfg, np.array([micro]))[0])
+        if windows <= 1:
+            return
+        used_const, used_first, used_layer = _affine_in_layers(lambda n: terms(kind, n).window_used, self.stages, "its prefetches' overlap")
+        rs_const, rs_first, rs_slope = {}, {}, {}
+        for k in sorted(set(self.kind_of_run.tolist())):
+            rs_const[k], rs_first[k], rs_slope[k] = _affine_in_layers(lambda n: terms(k, n).reduce_scatter_s, self.stages, "its reduce-scatters")
+        k0 = int(self.kind_of_run[0])
+        if any(not np.allclose(rs_first[k], rs_first[k0], rtol=1e-9, atol=1e-15) for k in rs_first):
+            raise LayoutError(f"the layout search does not model zero_stage {int(ctx.cfg.zero_stage[0])} here: the reduce-scatters of its stages' earlier gradient "
+                              "windows start a collective with a stage's first layer of one kind (its experts'), not linear in a "
+                              "stage's layers; `mofa evaluate --pipeline-layout` scores a layout under it")
+        forward, backward = chunk_times(u, edge, mtp, first, last)
+        self.windows = WindowTerms(
+            windows=windows, rs_const=rs_const[k0], rs_first=rs_first[k0], rs_run=np.array([rs_slope[k] for k in self.kind_of_run.tolist()]),
+            compute_const=forward + backward - 2.0 * u["overhead"], compute_run=u["kind_total"][self.kind_of_run],
+            used_const=used_const, used_first=used_first, used_layer=used_layer)
+
+    def window_s(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
+        """[K, stage] the seconds per micro-batch the earlier gradient windows add to each
+        stage's backward in K layouts' run counts [K, stage, run] (WindowTerms; 0 without)."""
+        w = self.windows
+        if w is None:
+            return np.zeros(counts.shape[:2])
+        layers = counts.sum(axis=-1)
+        held = layers > 0
+        rs = w.rs_const + held * w.rs_first + counts @ w.rs_run
+        compute = w.compute_const + counts @ w.compute_run
+        if recomputed is not None:
+            compute = compute + recomputed @ self.recompute_s
+        used = w.used_const + held * w.used_first + layers * w.used_layer
+        return stage_windows_s(self.ctx, rs, compute, used)
+
+    def _check_times(self) -> None:
+        """Refuse the skeleton where `times` differs from the exact model's stage_times on probe
+        layouts (an even split and layouts piling layers onto single stages)."""
+        n = len(self.ctx.kind_of_layer)
+        rng = np.random.default_rng(0)
+        probes = [np.bincount(np.arange(n) * self.stages // n, minlength=self.stages)]
+        for _ in range(3):
+            probes.append(np.bincount(rng.integers(0, self.stages, n), minlength=self.stages))
+        mtp = (0,) * (self.stages - 1) + (self.ctx.problem.model.mtp_layers,)
+        for decoders in probes:
+            layout = StageLayout(pp=self.ctx.pp, vp=self.ctx.vp, decoders=tuple(int(d) for d in decoders), mtp=mtp,
+                                 recompute=(0,) * self.stages, vee=self.ctx.vee)
+            exact = np.add(*stage_times(self.ctx, layout))
+            counts = self.run_counts(decoders[None, :])
+            mine = np.add(*self.times(counts))[:, 0]
+            if not np.allclose(mine, exact, rtol=1e-9, atol=1e-12):
+                raise LayoutError("the layout search does not model this skeleton's ZeRO traffic: its linear stage times differ from the "
+                                  "exact model's; `mofa evaluate --pipeline-layout` scores a layout under it")
 
     def run_counts(self, decoders: np.ndarray) -> np.ndarray:
         """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
@@ -218,7 +303,7 @@ class LinearLayouts:
         """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]
         (and recomputed run counts)."""
         held = counts.sum(axis=-1) > 0  # [K, stage] stages holding a layer (ZeRO-3's first gather)
-        backward = counts @ self.backward_s + self.const_backward_s + held * self.first_backward_s
+        backward = counts @ self.backward_s + self.const_backward_s + held * self.first_backward_s + self.window_s(counts, recomputed)
         if recomputed is not None:
             backward = backward + recomputed @ self.recompute_s
         return (counts @ self.forward_s + self.const_forward_s + held * self.first_forward_s).T, backward.T

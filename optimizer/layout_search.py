@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 import time
 
 import numpy as np
@@ -39,6 +40,7 @@ from costmodel.stage_layout import (
     StageLayout,
     layout_context,
     score_layout,
+    stage_ranks,
     step_overhead_floor_s,
     unit_costs,
 )
@@ -124,6 +126,7 @@ class LayoutModel:
     z: object  # the makespan, ns
     horizon: int  # z's upper bound
     first_gather: bool  # ZeRO-3 kept after the forward: each stage holding a layer pays its first gather
+    window_err_ns: float = 0.0  # the most one op's earlier gradient windows are off by in the integer model (window_vars)
     cuts: set = dataclasses.field(default_factory=set)
 
     @property
@@ -196,21 +199,30 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * rc_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE))
               for s in range(stages)]
     first_gather = bool(np.any(lin.first_forward_s) or np.any(lin.first_backward_s))
+    held = []
+    if first_gather or lin.windows is not None:
+        for s in range(stages):
+            held.append(model.NewBoolVar(f"held{s}"))
+            model.Add(t[s] >= 1).OnlyEnforceIf(held[s])
+            model.Add(t[s] == 0).OnlyEnforceIf(held[s].Not())
     if first_gather:
         for s in range(stages):
-            held = model.NewBoolVar(f"held{s}")
-            model.Add(t[s] >= 1).OnlyEnforceIf(held)
-            model.Add(t[s] == 0).OnlyEnforceIf(held.Not())
-            f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held
-            b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held
+            f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held[s]
+            b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held[s]
+    # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
+    window, window_max_s, window_err_ns = [0] * stages, 0.0, 0.0
+    if lin.windows is not None:
+        window, window_max_s, window_err_ns = window_vars(model, ctx, lin, t, run_counts, rc_counts, held)
+        for s in range(stages):
+            b_expr[s] += window[s]
 
     # -- the makespan: at least every path cut's length
     zero_traffic = float(np.max(lin.forward_s + lin.backward_s - u["kind_total"][kind_of_run])) * n_layers + float(
-        lin.first_forward_s.max() + lin.first_backward_s.max())  # ZeRO-2/3's, per layer and per stage: 0 without
+        lin.first_forward_s.max() + lin.first_backward_s.max()) + window_max_s  # ZeRO-2/3's, per layer and per stage: 0 without
     per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max()) + zero_traffic) * TIME_SCALE
     horizon = int(2 * ctx.microbatches * stages * per_op) + 1
     z = model.NewIntVar(0, horizon, "makespan")
-    lm = LayoutModel(model, t, rc, level, run_counts, rc_counts, f_expr, b_expr, z, horizon, first_gather)
+    lm = LayoutModel(model, t, rc, level, run_counts, rc_counts, f_expr, b_expr, z, horizon, first_gather, window_err_ns)
     for n_f, n_b in sorted(paths or ()):  # a previous search's paths of this skeleton: cuts for every layout
         lm.cut(np.array(n_f), np.array(n_b))
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
@@ -245,8 +257,62 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
                 model.Add(again >= least_recompute_var(model, total[k], table, f"least{r}"))
                 for (n1, f1), (n2, f2) in lower_envelope(table):
                     model.Add((n2 - n1) * again >= (f2 - f1) * total[k] + (f1 * n2 - f2 * n1))
-        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing))
+        model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing + sum(window[s] for s in mine)))
     return lm
+
+
+def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts, t: list, run_counts: list, rc_counts: list,
+                held: list) -> tuple[list, float, float]:
+    """Each stage's earlier gradient windows in integer ns (LinearLayouts.window_s, WindowTerms):
+    with DP overlap, E_s >= max(B_s - G_r, (alpha - 1) min(G_r, B_s)) over B_s = beta * rs_s and
+    G_r = max(gap_r, 0) (costmodel.overlap.beyond_window), a min and a max of affine forms; a
+    stage's backward gains (windows - 1) / m * E_s. Without overlap the reduce-scatters are all
+    exposed, linear in the counts. Returns (per stage the ns variable or expression, the most
+    seconds one can add, the rounding error of one op in ns, for the search's slack)."""
+    w, hw, x = lin.windows, ctx.problem.hardware, ctx.cfg_plain.derived()
+    stages, pp, vp, m = lin.stages, ctx.pp, ctx.vp, float(ctx.microbatches)
+    n_layers = len(ctx.kind_of_layer)
+    runs = range(len(lin.runs))
+    ns = lambda v: int(round(float(v) * TIME_SCALE))  # noqa: E731
+    rs_max_s = float((w.rs_const + w.rs_first).max() + w.rs_run.max() * n_layers)
+    share = (w.windows - 1.0) / m  # of one stage's E_s in each of its backward passes
+    scale = Fraction(share).limit_denominator(10**6)
+    if not bool(x.dp_overlap[0]):  # every reduce-scatter exposed: linear
+        return [ns(share * w.rs_const[s]) + ns(share * w.rs_first[s]) * held[s] + sum(ns(share * w.rs_run[j]) * run_counts[s][j] for j in runs)
+                for s in range(stages)], share * rs_max_s, 0.5 * (2 + n_layers)
+    coef = hw.efficiency.dp_overlap
+    beta, excess = float(coef.beta), max(float(coef.alpha) - 1.0, 0.0)
+    q = 2**24  # (alpha - 1) as excess_q / q, rounded down
+    excess_q = int(math.floor(excess * q))
+    per_gap = m / (w.windows * vp)  # gap_r = (m * compute - used) / (windows * vp)
+    gap_max_s = per_gap * float(w.compute_const.sum() + (w.compute_run.max() + float(lin.recompute_s.max(initial=0.0))) * n_layers)
+    b_max, g_max = ns(beta * rs_max_s) + 1, ns(gap_max_s) + 1
+    out, gaps = [], []
+    for r in range(pp):
+        mine = ctx.stages_of[r]
+        gap = sum(ns(per_gap * w.compute_const[s]) - ns(w.used_const[s] / (w.windows * vp)) for s in mine)
+        gap += sum((ns(per_gap * w.compute_run[j]) - ns(w.used_layer / (w.windows * vp))) * run_counts[s][j] for s in mine for j in runs)
+        gap += sum(-ns(w.used_first[s] / (w.windows * vp)) * held[s] for s in mine)
+        gap += sum(ns(per_gap * lin.recompute_s[j]) * rc_counts[s][j] for s in mine for j in runs if not isinstance(rc_counts[s][j], int))
+        g = model.NewIntVar(0, g_max, f"gap{r}")
+        model.AddMaxEquality(g, [gap, 0])
+        gaps.append(g)
+    rank_of = stage_ranks(pp, vp, ctx.vee)
+    for s in range(stages):
+        b = model.NewIntVar(0, b_max, f"rs{s}")  # beta * rs_s
+        model.Add(b == ns(beta * w.rs_const[s]) + ns(beta * w.rs_first[s]) * held[s] + sum(ns(beta * w.rs_run[j]) * run_counts[s][j] for j in runs))
+        low = model.NewIntVar(0, b_max, f"overlapped{s}")
+        model.AddMinEquality(low, [gaps[rank_of[s]], b])
+        e = model.NewIntVar(0, int(max(1.0, excess) * b_max) + 1, f"exposed{s}")
+        model.Add(e >= b - gaps[rank_of[s]])
+        model.Add(q * e >= excess_q * low)
+        grown = model.NewIntVar(0, int(share * max(1.0, excess) * b_max) + 2, f"window{s}")
+        model.Add(scale.denominator * grown >= scale.numerator * e)
+        out.append(grown)
+    # rounding per op: B_s (its terms, <= 0.5 ns per layer and constant), G_r (per layer of the
+    # rank, recomputed or not, and its constants), (alpha - 1) rounded down, the final ceiling
+    err = share * (0.5 * (2 + n_layers) + 0.5 * (2 * stages + 3 * n_layers) + b_max / q) + 1.0
+    return out, share * max(beta, 1.0) * max(1.0, excess + 1.0) * rs_max_s, err
 
 
 def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: Incumbent, score_of, seeds: tuple[StageLayout, ...],
@@ -568,7 +634,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if settled is not None:
             return settled
     # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
-    slack = 0.5 * 2 * ctx.microbatches * stages * ((2 if recompute else 1) * len(runs) + 1 + lm.first_gather) / TIME_SCALE
+    # (its constants; its layers and recomputed layers per kind-run, times their counts, which
+    # sum to <= 2*m*n layers along a path, each stage visited <= 2*m times), and the windows'
+    terms = max(stages * len(runs), n_layers) * (2 if recompute else 1) + stages * (1 + lm.first_gather)
+    slack = (0.5 * 2 * ctx.microbatches * terms + 2 * ctx.microbatches * stages * lm.window_err_ns) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector

@@ -96,32 +96,105 @@ def test_other_schedules_match_enumeration(tmp_path, model, schedule, pp, vp, gr
     assert_certifies_enumeration_optimum(layout_context(problem, cfg))
 
 
-def test_zero_3_layouts_are_scored_not_searched(tmp_path):
-    """Under ZeRO-3 on interleaved 1F1B with 8 gradient windows per stage (and parameters freed
-    after the forward: every micro-batch gathers each stage again, in both passes) the windows'
-    reduce-scatters hide behind the rank's compute: the search refuses the skeleton by name (`mofa solve --pipeline-layouts` reports it as
-    `refused`), where the scorer prices any layout (`mofa evaluate --pipeline-layout`): a stage's
-    FSDP traffic grows with its layers."""
+def assert_linear_times_are_exact(ctx, lin):
+    """LinearLayouts prices every layout's passes as the scorer does (relative 1e-12); returns
+    the enumerated (layout, score) pairs and their run counts."""
     import numpy as np
 
+    layouts = list(enumerate_layouts(ctx))
+    counts, _ = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout, _ in layouts]))
+    forward, backward = lin.times(counts)
+    for k, (_, score) in enumerate(layouts):
+        assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
+        assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
+    return layouts, counts
+
+
+@pytest.mark.parametrize("columns", [
+    dict(zero_stage=2, dp_overlap=1),
+    dict(zero_stage=2, dp_overlap=0),
+    dict(zero_stage=3, reshard_after_forward=0, dp_overlap=1),
+    dict(zero_stage=3, reshard_after_forward=1, dp_overlap=1),
+], ids=["zero2", "zero2-no-overlap", "zero3-kept", "zero3-freed"])
+def test_gradient_windows_are_searched_and_match_enumeration(tmp_path, columns):
+    """ZeRO-2/3 on interleaved 1F1B with 8 gradient windows per stage (16 micro-batches, rounds
+    of 2): a stage's earlier windows reduce-scatter its gradients behind its rank's compute
+    between two windows, with DP overlap max(beta rs - gap, (alpha - 1) min(gap, beta rs)) per
+    stage, a min and a max of affine forms in the counts (LinearLayouts.windows). The linear
+    model prices every layout's passes as the scorer does (relative 1e-12), the layouts reach
+    both branches (a stage's reduce-scatter longer than its rank's gap, and shorter), and the
+    search certifies enumeration's optimum, roomy and at the median layout's peak (tolerance
+    1e-6 relative: integer nanoseconds). Parameters freed after the forward gather every stage
+    again per micro-batch, both passes: linear too."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
+    from costmodel.stage_layout import stage_ranks
+    from costmodel.update import window_compute_s
+    from optimizer.layout_linear import LinearLayouts
+
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=2, last_layers=2, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"),
+                                   **columns)
+
+    def sharded(memory_mib):
+        return layout_context(load_problem(str(path), [f"hardware.memory_mib={memory_mib}"]), cfg)
+
+    roomy = sharded(81559)
+    lin = LinearLayouts(roomy)
+    assert lin.windows is not None and lin.windows.windows == 8
+    layouts, counts = assert_linear_times_are_exact(roomy, lin)
+    assert (lin.window_s(counts)[counts.sum(axis=-1) > 0] > 0).all()  # a stage with layers has gradients to reduce
+    if columns["dp_overlap"]:
+        w = lin.windows
+        held = counts.sum(axis=-1) > 0
+        rs = w.rs_const + held * w.rs_first + counts @ w.rs_run
+        used = w.used_const + held * w.used_first + counts.sum(axis=-1) * w.used_layer
+        rank_of = np.array(stage_ranks(2, 2, False))
+        on_rank = (rank_of[:, None] == np.arange(2)).astype(float)
+        gap = window_compute_s(16.0, (w.compute_const + counts @ w.compute_run) @ on_rank, used @ on_rank, 8.0, 2)[:, rank_of]
+        longer = roomy.problem.hardware.efficiency.dp_overlap.beta * rs > gap
+        assert longer.any() and not longer.all()
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in layouts)
+    for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
+        assert_certifies_enumeration_optimum(sharded(memory_mib))
+
+
+def test_zero_layouts_the_search_does_not_model_are_refused_and_scored(tmp_path):
+    """Where a stage's ZeRO traffic is not piecewise linear in its layers the search refuses the
+    skeleton by name (`mofa solve --pipeline-layouts` reports it as `refused`), where the scorer
+    prices any layout (`mofa evaluate --pipeline-layout`): ZeRO-2 with gradient windows and MoE
+    layers (the experts' reduce-scatter starts with a stage's first MoE layer), and DualPipeV's
+    window per micro-batch. A stage's traffic grows with its layers."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
     from costmodel.stage_layout import score_layout, stage_times
     from optimizer.layout_linear import LinearLayouts
     from optimizer.layout_search import layout_report
 
-    path = tmp_path / "tiny_dense.yaml"
-    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
-    problem = load_problem(str(path), [])
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=3, reshard_after_forward=1, dp_overlap=1)
+    moe = tmp_path / "tiny.yaml"
+    moe.write_text(TINY)
+    problem = load_problem(str(moe), [])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4, zero_stage=2, dp_overlap=1,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"))
     ctx = layout_context(problem, cfg)
-    with pytest.raises(LayoutError, match=r"does not model zero_stage 3 here: the reduce-scatters of its stages' earlier gradient windows \(8"):
+    with pytest.raises(LayoutError, match=r"does not model zero_stage 2 here: .*first layer of one kind \(its experts'\)"):
         LinearLayouts(ctx)
     report, layout = layout_report(problem, cfg, 1.0)
-    assert "zero_stage 3" in report["refused"] and layout is None
-    plain = layout_context(problem, ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=1))
-    heavy = StageLayout.from_stage_sizes(2, 2, [1, 1, 1, 5], 0)
+    assert "its experts'" in report["refused"] and layout is None
+    plain = layout_context(problem, ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4, zero_stage=1,
+                                                             pp_schedule=PP_SCHEDULES.index("interleaved_1f1b")))
+    heavy = StageLayout.from_stage_sizes(2, 2, [1, 1, 1, 4], 1)
     sharded, unsharded = np.add(*stage_times(ctx, heavy)), np.add(*stage_times(plain, heavy))
     assert (sharded > unsharded).all() and np.argmax(sharded - unsharded) == 3
     assert score_layout(ctx, heavy).fits
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    vee = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=2, dp_overlap=1, pp_schedule=PP_SCHEDULES.index("dualpipev"))
+    with pytest.raises(LayoutError, match=r"DualPipeV's gradient windows \(16 per stage per step\)"):
+        LinearLayouts(layout_context(load_problem(str(path), []), vee))
 
 
 @pytest.mark.parametrize("schedule,pp,vp", [("1f1b", 4, 1), ("afab", 2, 2)])
@@ -130,10 +203,8 @@ def test_zero_2_with_one_window_per_stage_matches_enumeration(tmp_path, schedule
     all-forward-all-backward): no traffic inside the pipeline and a ledger affine in the counts,
     so the search's linear model is exact and its certified optimum is enumeration's, with the
     GPU roomy and at the median layout's peak (half the layouts do not fit); below the least peak
-    nothing fits. The interleaved schedule's 8 windows per stage (16 micro-batches, rounds of 2)
-    are refused by name."""
+    nothing fits."""
     from costmodel.specs import PP_SCHEDULES
-    from optimizer.layout_linear import LinearLayouts
 
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
@@ -150,8 +221,6 @@ def test_zero_2_with_one_window_per_stage_matches_enumeration(tmp_path, schedule
         assert_certifies_enumeration_optimum(zero_2(memory_mib))
     with pytest.raises(LayoutError, match="fits the GPU memory"):
         solve_layout(zero_2(int(peaks[0] / 2**20) - 1), time_limit_s=20)
-    with pytest.raises(LayoutError, match=r"earlier gradient windows \(8 per stage per step\)"):
-        LinearLayouts(zero_2(81559, "interleaved_1f1b", 2, 2))
 
 
 @pytest.mark.parametrize("schedule,pp,vp", [("1f1b", 4, 1), ("afab", 2, 2)])
@@ -159,12 +228,11 @@ def test_zero_3_kept_after_the_forward_matches_enumeration(tmp_path, schedule, p
     """ZeRO-3 with parameters kept after the forward (torchtitan's policy under PP) and one
     gradient window per stage: each stage gathers its layers once per step, the first exposed
     and the rest prefetched, so a stage's forward is linear in its layers plus a fixed cost where
-    it holds one. LinearLayouts (probed from zero_traffic_s) prices every layout's passes as the
+    it holds one. LinearLayouts (probed from stage_zero_terms) prices every layout's passes as the
     scorer does, and the search (a boolean per stage for that cost) certifies enumeration's
-    optimum, roomy and at the median layout's peak; the model with two kinds of decoder layer
-    (a stage gathers its mean layer) is refused by name."""
-    import numpy as np
-
+    optimum, roomy and at the median layout's peak, and roomy with parameters freed after the
+    forward (every micro-batch gathers again, both passes: linear too); the model with two kinds
+    of decoder layer (a stage gathers its mean layer) is refused by name."""
     from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
 
@@ -180,17 +248,11 @@ def test_zero_3_kept_after_the_forward_matches_enumeration(tmp_path, schedule, p
     roomy = zero_3(81559)
     lin = LinearLayouts(roomy)
     assert lin.first_forward_s.min() > 0.0  # the exposed first gather is there to model
-    layouts = list(enumerate_layouts(roomy))
-    counts, _ = lin.layout_counts(np.array([layout.decoders + layout.recompute for layout, _ in layouts]))
-    forward, backward = lin.times(counts)
-    for k, (_, score) in enumerate(layouts):
-        assert forward[:, k] == pytest.approx(score.forward_s, rel=1e-12)
-        assert backward[:, k] == pytest.approx(score.backward_s, rel=1e-12)
+    layouts, counts = assert_linear_times_are_exact(roomy, lin)
     peaks = sorted(float(score.peak_bytes.max()) for _, score in layouts)
     for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
         assert_certifies_enumeration_optimum(zero_3(memory_mib))
-    with pytest.raises(LayoutError, match="gathers with parameters freed after the forward"):
-        LinearLayouts(layout_context(load_problem(str(path), []), ConfigBatch.from_columns(64, **{**columns, "reshard_after_forward": 1})))
+    assert_certifies_enumeration_optimum(layout_context(load_problem(str(path), []), ConfigBatch.from_columns(64, **{**columns, "reshard_after_forward": 1})))
     moe = tmp_path / "tiny.yaml"
     moe.write_text(TINY)
     cfg = ConfigBatch.from_columns(64, **{**columns, "ep": 8})
