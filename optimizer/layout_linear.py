@@ -138,9 +138,14 @@ class WindowTerms:
     The seconds per micro-batch a stage's backward gains are then
         (windows - 1) / m * hidden(rs_s, max(gap_r, 0)),
     gap_r = (m * sum of the rank's compute - its used) / (windows * vp)
-    (costmodel.update.windows_exposed: with DP overlap max(beta rs - gap, (alpha - 1) min(gap, beta rs)))."""
+    (costmodel.update.windows_exposed: with DP overlap max(beta rs - gap, (alpha - 1) min(gap, beta rs))).
+    That is at least (alpha - 1) / alpha * beta rs whatever the gap (where beta rs <= gap it is
+    (alpha - 1) beta rs; beyond, below alpha gap it is (alpha - 1) gap > (alpha - 1) / alpha * beta rs,
+    from alpha gap on beta rs - gap >= (alpha - 1) / alpha * beta rs), so LinearLayouts keeps
+    `linear` = (windows - 1) / m * that share in its linear terms and the rest here (window_s)."""
 
     windows: float
+    linear: float  # of each second of rs_s, what LinearLayouts' linear terms already hold
     rs_const: np.ndarray
     rs_first: np.ndarray
     rs_run: np.ndarray
@@ -237,14 +242,26 @@ class LinearLayouts:
                               "windows start a collective with a stage's first layer of one kind (its experts'), not linear in a "
                               "stage's layers; `mofa evaluate --pipeline-layout` scores a layout under it")
         forward, backward = chunk_times(u, edge, mtp, first, last)
-        self.windows = WindowTerms(
-            windows=windows, rs_const=rs_const[k0], rs_first=rs_first[k0], rs_run=np.array([rs_slope[k] for k in self.kind_of_run.tolist()]),
-            compute_const=forward + backward - 2.0 * u["overhead"], compute_run=u["kind_total"][self.kind_of_run],
-            used_const=used_const, used_first=used_first, used_layer=used_layer)
+        rs_run = np.array([rs_slope[k] for k in self.kind_of_run.tolist()])
+        # the part of the windows linear in the reduce-scatter, in the linear terms (what the
+        # bounds and the LP see): all of it without DP overlap, else the least share it takes
+        # whatever the gap (WindowTerms.linear)
+        x, coef = ctx.cfg_plain.derived(), ctx.problem.hardware.efficiency.dp_overlap
+        overlap = bool(x.dp_overlap[0])
+        linear = (windows - 1.0) / micro * (float(coef.beta) * (float(coef.alpha) - 1.0) / float(coef.alpha) if overlap else 1.0)
+        self.const_backward_s = self.const_backward_s + linear * rs_const[k0]
+        self.first_backward_s = self.first_backward_s + linear * rs_first[k0]
+        self.backward_s = self.backward_s + linear * rs_run
+        if overlap:
+            self.windows = WindowTerms(
+                windows=windows, linear=linear, rs_const=rs_const[k0], rs_first=rs_first[k0], rs_run=rs_run,
+                compute_const=forward + backward - 2.0 * u["overhead"], compute_run=u["kind_total"][self.kind_of_run],
+                used_const=used_const, used_first=used_first, used_layer=used_layer)
 
     def window_s(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, stage] the seconds per micro-batch the earlier gradient windows add to each
-        stage's backward in K layouts' run counts [K, stage, run] (WindowTerms; 0 without)."""
+        stage's backward in K layouts' run counts [K, stage, run] beyond the linear terms'
+        (WindowTerms; 0 without)."""
         w = self.windows
         if w is None:
             return np.zeros(counts.shape[:2])
@@ -255,7 +272,7 @@ class LinearLayouts:
         if recomputed is not None:
             compute = compute + recomputed @ self.recompute_s
         used = w.used_const + held * w.used_first + layers * w.used_layer
-        return stage_windows_s(self.ctx, rs, compute, used)
+        return stage_windows_s(self.ctx, rs, compute, used) - w.linear * rs
 
     def _check_times(self) -> None:
         """Refuse the skeleton where `times` differs from the exact model's stage_times on probe

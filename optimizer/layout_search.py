@@ -212,7 +212,7 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
     window, window_max_s, window_err_ns = [0] * stages, 0.0, 0.0
     if lin.windows is not None:
-        window, window_max_s, window_err_ns = window_vars(model, ctx, lin, t, run_counts, rc_counts, held)
+        window, window_max_s, window_err_ns = window_vars(model, ctx, lin, run_counts, rc_counts, held)
         for s in range(stages):
             b_expr[s] += window[s]
 
@@ -261,15 +261,16 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     return lm
 
 
-def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts, t: list, run_counts: list, rc_counts: list,
+def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts, run_counts: list, rc_counts: list,
                 held: list) -> tuple[list, float, float]:
-    """Each stage's earlier gradient windows in integer ns (LinearLayouts.window_s, WindowTerms):
-    with DP overlap, E_s >= max(B_s - G_r, (alpha - 1) min(G_r, B_s)) over B_s = beta * rs_s and
-    G_r = max(gap_r, 0) (costmodel.overlap.beyond_window), a min and a max of affine forms; a
-    stage's backward gains (windows - 1) / m * E_s. Without overlap the reduce-scatters are all
-    exposed, linear in the counts. Returns (per stage the ns variable or expression, the most
-    seconds one can add, the rounding error of one op in ns, for the search's slack)."""
-    w, hw, x = lin.windows, ctx.problem.hardware, ctx.cfg_plain.derived()
+    """Each stage's earlier gradient windows beyond LinearLayouts' linear terms, in integer ns
+    (LinearLayouts.window_s, WindowTerms): E_s >= max(B_s - G_r, (alpha - 1) min(G_r, B_s)) over
+    B_s = beta * rs_s and G_r = max(gap_r, 0) (costmodel.overlap.beyond_window), a min and a
+    max of affine forms, less the (alpha - 1) / alpha B_s the linear terms hold (rounded up, so
+    that the rest is never priced above its value); a stage's backward gains (windows - 1) / m
+    of it. Returns (per stage the ns variable, the most seconds one can add, the rounding error
+    of one op in ns, for the search's slack)."""
+    w, coef = lin.windows, ctx.problem.hardware.efficiency.dp_overlap
     stages, pp, vp, m = lin.stages, ctx.pp, ctx.vp, float(ctx.microbatches)
     n_layers = len(ctx.kind_of_layer)
     runs = range(len(lin.runs))
@@ -277,17 +278,17 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
     rs_max_s = float((w.rs_const + w.rs_first).max() + w.rs_run.max() * n_layers)
     share = (w.windows - 1.0) / m  # of one stage's E_s in each of its backward passes
     scale = Fraction(share).limit_denominator(10**6)
-    if not bool(x.dp_overlap[0]):  # every reduce-scatter exposed: linear
-        return [ns(share * w.rs_const[s]) + ns(share * w.rs_first[s]) * held[s] + sum(ns(share * w.rs_run[j]) * run_counts[s][j] for j in runs)
-                for s in range(stages)], share * rs_max_s, 0.5 * (2 + n_layers)
-    coef = hw.efficiency.dp_overlap
-    beta, excess = float(coef.beta), max(float(coef.alpha) - 1.0, 0.0)
-    q = 2**24  # (alpha - 1) as excess_q / q, rounded down
-    excess_q = int(math.floor(excess * q))
+    if scale > Fraction(share):  # never above it: (windows - 1) / m is exact where windows is an integer
+        scale = Fraction(math.floor(share * 10**6), 10**6)
+    alpha, beta = float(coef.alpha), float(coef.beta)
+    q = 2**24  # (alpha - 1) as excess_q / q rounded down, (alpha - 1) / alpha as linear_q / q rounded up
+    excess_q, linear_q = int(math.floor((alpha - 1.0) * q)), int(math.ceil((alpha - 1.0) / alpha * q))
     per_gap = m / (w.windows * vp)  # gap_r = (m * compute - used) / (windows * vp)
     gap_max_s = per_gap * float(w.compute_const.sum() + (w.compute_run.max() + float(lin.recompute_s.max(initial=0.0))) * n_layers)
     b_max, g_max = ns(beta * rs_max_s) + 1, ns(gap_max_s) + 1
-    out, gaps = [], []
+    e_max = int(max(1.0, alpha - 1.0) * b_max) + 1
+    gaps = []
+    # -- each rank's gap: its compute between two windows less its prefetches' overlap, >= 0
     for r in range(pp):
         mine = ctx.stages_of[r]
         gap = sum(ns(per_gap * w.compute_const[s]) - ns(w.used_const[s] / (w.windows * vp)) for s in mine)
@@ -297,22 +298,26 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
         g = model.NewIntVar(0, g_max, f"gap{r}")
         model.AddMaxEquality(g, [gap, 0])
         gaps.append(g)
+    # -- each stage's reduce-scatter, what it exposes, and the rest beyond the linear terms
     rank_of = stage_ranks(pp, vp, ctx.vee)
+    out = []
     for s in range(stages):
         b = model.NewIntVar(0, b_max, f"rs{s}")  # beta * rs_s
         model.Add(b == ns(beta * w.rs_const[s]) + ns(beta * w.rs_first[s]) * held[s] + sum(ns(beta * w.rs_run[j]) * run_counts[s][j] for j in runs))
         low = model.NewIntVar(0, b_max, f"overlapped{s}")
         model.AddMinEquality(low, [gaps[rank_of[s]], b])
-        e = model.NewIntVar(0, int(max(1.0, excess) * b_max) + 1, f"exposed{s}")
+        e = model.NewIntVar(0, e_max, f"exposed{s}")
         model.Add(e >= b - gaps[rank_of[s]])
         model.Add(q * e >= excess_q * low)
-        grown = model.NewIntVar(0, int(share * max(1.0, excess) * b_max) + 2, f"window{s}")
-        model.Add(scale.denominator * grown >= scale.numerator * e)
+        rest = model.NewIntVar(0, e_max, f"rest{s}")
+        model.Add(q * rest >= q * e - linear_q * b)
+        grown = model.NewIntVar(0, int(share * e_max) + 2, f"window{s}")
+        model.Add(scale.denominator * grown >= scale.numerator * rest)
         out.append(grown)
     # rounding per op: B_s (its terms, <= 0.5 ns per layer and constant), G_r (per layer of the
-    # rank, recomputed or not, and its constants), (alpha - 1) rounded down, the final ceiling
-    err = share * (0.5 * (2 + n_layers) + 0.5 * (2 * stages + 3 * n_layers) + b_max / q) + 1.0
-    return out, share * max(beta, 1.0) * max(1.0, excess + 1.0) * rs_max_s, err
+    # rank, recomputed or not, and its constants), the two shares of q, the final ceiling
+    err = share * (0.5 * (2 + n_layers) + 0.5 * (2 * stages + 3 * n_layers) + 2 * b_max / q) + 1.0
+    return out, share * e_max / TIME_SCALE, err
 
 
 def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: Incumbent, score_of, seeds: tuple[StageLayout, ...],
