@@ -163,6 +163,39 @@ def test_gradient_windows_are_searched_and_match_enumeration(tmp_path, columns):
         assert_certifies_enumeration_optimum(sharded(memory_mib))
 
 
+def test_gradient_windows_with_per_stage_recompute_match_enumeration(tmp_path):
+    """ZeRO-2's 8 gradient windows per stage with full recompute chosen per stage, on a GPU just
+    below the least peak of the layouts that recompute nothing: recomputed layers add to the
+    compute the windows hide behind (LinearLayouts prices them as the scorer does), and the
+    search certifies enumeration's optimum over layer and recompute counts, which recomputes."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
+    from costmodel.stage_layout import stage_times
+    from optimizer.layout_linear import LinearLayouts
+
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=2, last_layers=2, zero_stage=2, dp_overlap=1,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), recompute=2, recompute_method=1, recompute_layers=1)
+
+    def sharded(memory_mib):
+        return layout_context(load_problem(str(path), [f"hardware.memory_mib={memory_mib}"]), cfg)
+
+    roomy = sharded(81559)
+    lin = LinearLayouts(roomy)
+    layouts = list(enumerate_layouts(roomy))
+    sample = layouts[::7]
+    assert any(layout.any_recompute for layout, _ in sample)
+    for layout, _ in sample:
+        counts, recomputed = lin.layout_counts(np.array([layout.decoders + layout.recompute]))
+        assert np.add(*lin.times(counts, recomputed))[:, 0] == pytest.approx(np.add(*stage_times(roomy, layout)), rel=1e-12)
+    least = min(float(score.peak_bytes.max()) for layout, score in layouts if not layout.any_recompute)
+    tight = sharded(int(least / 2**20) - 1)
+    assert_certifies_enumeration_optimum(tight)
+    assert solve_layout(tight, time_limit_s=20).layout.any_recompute
+
+
 def test_zero_layouts_the_search_does_not_model_are_refused_and_scored(tmp_path):
     """Where a stage's ZeRO traffic is not piecewise linear in its layers the search refuses the
     skeleton by name (`mofa solve --pipeline-layouts` reports it as `refused`), where the scorer
