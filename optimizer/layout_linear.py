@@ -43,6 +43,7 @@ from costmodel.stage_layout import (
     stage_zero_terms,
     unit_costs,
 )
+from costmodel.update import windows_exposed
 from optimizer import cp_solver
 from optimizer.schedule_graph import ScheduleGraph, schedule_graph
 
@@ -244,11 +245,11 @@ class LinearLayouts:
         forward, backward = chunk_times(u, edge, mtp, first, last)
         rs_run = np.array([rs_slope[k] for k in self.kind_of_run.tolist()])
         # the part of the windows linear in the reduce-scatter, in the linear terms (what the
-        # bounds and the LP see): all of it without DP overlap, else the least share it takes
-        # whatever the gap (WindowTerms.linear)
+        # bounds and the LP see): their value at the gap that exposes least, beta rs / alpha
+        # (WindowTerms.linear); all of it without DP overlap, whatever the gap
         x, coef = ctx.cfg_plain.derived(), ctx.problem.hardware.efficiency.dp_overlap
         overlap = bool(x.dp_overlap[0])
-        linear = (windows - 1.0) / micro * (float(coef.beta) * (float(coef.alpha) - 1.0) / float(coef.alpha) if overlap else 1.0)
+        linear = float(windows_exposed(1.0, 1.0, x, ctx.problem.hardware, windows, float(coef.beta) / float(coef.alpha))[0]) / micro
         self.const_backward_s = self.const_backward_s + linear * rs_const[k0]
         self.first_backward_s = self.first_backward_s + linear * rs_first[k0]
         self.backward_s = self.backward_s + linear * rs_run
