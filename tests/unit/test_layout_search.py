@@ -133,10 +133,11 @@ def test_gradient_windows_are_searched_and_match_enumeration(tmp_path, columns):
     from costmodel.stage_layout import stage_ranks
     from costmodel.update import window_compute_s
     from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_search import layout_report
 
     path = tmp_path / "tiny_dense.yaml"
     path.write_text(TINY_DENSE.replace("LAYERS", "8"))
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=2, last_layers=2, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"),
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"),
                                    **columns)
 
     def sharded(memory_mib):
@@ -161,6 +162,9 @@ def test_gradient_windows_are_searched_and_match_enumeration(tmp_path, columns):
     peaks = sorted(float(score.peak_bytes.max()) for _, score in layouts)
     for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
         assert_certifies_enumeration_optimum(sharded(memory_mib))
+    # `mofa solve --pipeline-layouts`' path: searched (it was refused), never worse than the split
+    report, _ = layout_report(roomy.problem, cfg, 5.0)
+    assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
 
 
 def test_gradient_windows_with_per_stage_recompute_match_enumeration(tmp_path):
