@@ -67,7 +67,9 @@ def cases():
     MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2), as the
     homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last).
     Llama 3 405B cp 1 also under ZeRO-2, Meta's sharding, where the split is 2.2 GiB over, cp 2
-    under ZeRO-2 (two gradient windows per stage), and cp 1 under Llama 3's flexible schedule (rounds of nc = 32 micro-batches on 8,192 GPUs)."""
+    under ZeRO-2 (two gradient windows per stage), and cp 1 under Llama 3's flexible schedule
+    (rounds of nc = 32 micro-batches on 8,192 GPUs); DeepSeek-V3 also under torchtitan's FSDP on
+    1F1B (pp 16, 480 micro-batches), where a stage gathers its mean layer (tabulated)."""
     llama = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_16384xh100_seq8k.yaml"), ["config=null"])
     common = dict(tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1, pp_overlap=1, tp_overlap=1, dp_overlap=1)
     llama_baselines = {"even by count": balanced_layout(126, 0, 16, 8), "first/last -1 (Llama 3, embedding+loss)": megatron_layout(126, 0, 16, 8, 7, 7)}
@@ -94,6 +96,10 @@ def cases():
     yield "DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64", ds, ConfigBatch.from_columns(2048, **ds_common), ds_baselines
     yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 vp2 ep64, per-chunk recompute", ds,
            ConfigBatch.from_columns(2048, **ds_common, **full), with_recompute_baselines(ds_baselines))
+    # torchtitan's sharding: FSDP (ZeRO-3 kept after the forward) on 1F1B, where a stage gathers its mean layer (dense or MoE)
+    fsdp = dict(ds_common, vp=1, pp_schedule=PP_SCHEDULE_CODES["1f1b"], first_layers=3, last_layers=2, zero_stage=3, reshard_after_forward=0)
+    yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp4 pp16 ep64 1F1B, FSDP kept after the forward", ds,
+           ConfigBatch.from_columns(2048, **fsdp), {"even by count": balanced_layout(61, 1, 16, 1), "first/last (3 / 2)": megatron_layout(61, 1, 16, 1, 3, 2)})
     # what every shipped DeepSeek-V3 problem picks: DualPipeV (2048 GPUs, supernodes of 8: tp 1, cp 4, pp 4 in the V, 13 / 16 layers)
     vee = dict(tp=1, cp=4, pp=4, vp=2, ep=256, mbs=1, first_layers=13, last_layers=16, pp_schedule=4, zero_stage=1, cp_overlap=1,
                ep_overlap=1, pp_overlap=1, dp_overlap=1, cpu_optimizer=1)

@@ -104,28 +104,30 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
 
 
 def check_linear(ctx: LayoutContext) -> None:
-    """Refuse skeletons whose stage times are not piecewise linear in the layer counts:
-    ZeRO-3 with more than one kind of decoder layer (a stage gathers its mean layer, a ratio of
-    its counts), and DualPipeV's V under ZeRO-2/3 with a gradient window per micro-batch (its own
-    search, layout_vee, holds stage times linear). What is left adds per stage a fixed exposed
-    first gather where it holds a layer (ZeRO-3: once per window kept after the forward, every
-    micro-batch freed after it) and a prefetch per layer, and where a stage reduces its gradients
-    more than once per step (the interleaved schedule with more micro-batches than a round) its
-    earlier windows' reduce-scatters hidden behind its rank's compute between two windows: a
-    max and a min of affine forms (LinearLayouts.windows, WindowTerms). LinearLayouts checks
-    its times against the exact model's on probe layouts and refuses where they differ."""
+    """Refuse skeletons whose stage times the search does not hold: ZeRO-3 with more than one
+    kind of decoder layer and several gradient windows per stage (the windows' gap would depend
+    on the tabulated gathers), and DualPipeV's V under ZeRO-2/3 with a gradient window per
+    micro-batch (its own search, layout_vee, holds stage times linear). What is left adds per
+    stage a fixed exposed first gather where it holds a layer (ZeRO-3: once per window kept after
+    the forward, every micro-batch freed after it) and a prefetch per layer, or with more than
+    one kind of layer the gathers of the stage's mean layer, by table (LinearLayouts.gathers,
+    GatherTables); and where a stage reduces its gradients more than once per step (the
+    interleaved schedule with more micro-batches than a round) its earlier windows'
+    reduce-scatters hidden behind its rank's compute between two windows: a max and a min of
+    affine forms (LinearLayouts.windows, WindowTerms). LinearLayouts checks its times against
+    the exact model's on probe layouts and refuses where they differ."""
     cfg = ctx.cfg
     x = cfg.derived()
     windows = float(grad_windows(cfg, np.array([float(ctx.microbatches)]))[0])
     why = None
-    if x.any_zero3 and len(set(kind for kind, _, _ in kind_runs(ctx.kind_of_layer))) > 1:
-        why = "its stages' gathers of their mean layer, with more than one kind of decoder layer"
+    if x.any_zero3 and len(set(kind for kind, _, _ in kind_runs(ctx.kind_of_layer))) > 1 and windows > 1:
+        why = f"its stages' gathers of their mean layer, with more than one kind of decoder layer, and {windows:g} gradient windows per stage"
     elif x.any_zero2 and windows > 1 and ctx.vee:
         why = f"the reduce-scatters of DualPipeV's gradient windows ({windows:g} per stage per step)"
     if why is not None:
         raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: {why} are not linear in a "
-                          "stage's layers (supported: ZeRO 0-1; ZeRO-2 and ZeRO-3 with one kind of decoder layer, outside "
-                          "DualPipeV); `mofa evaluate --pipeline-layout` scores a layout under it")
+                          "stage's layers (supported: ZeRO 0-3 outside DualPipeV's windows, ZeRO-3 with more than one kind of decoder "
+                          "layer where a stage has one window per step); `mofa evaluate --pipeline-layout` scores a layout under it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +157,19 @@ class WindowTerms:
     used_const: np.ndarray
     used_first: np.ndarray
     used_layer: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherTables:
+    """ZeRO-3's gathers of a stage with more than one kind of decoder layer beyond LinearLayouts'
+    linear terms, seconds per micro-batch: a stage other than the last holding layers
+    [start, start + t) adds middle_*[start, t] (0 where start + t > n), the last stage holding
+    [start, n) with the MTP modules last_*[start]."""
+
+    middle_f: np.ndarray
+    middle_b: np.ndarray
+    last_f: np.ndarray
+    last_b: np.ndarray
 
 
 def _affine_in_layers(probe, stages: int, what: str) -> tuple[np.ndarray, np.ndarray, float]:
@@ -205,6 +220,7 @@ class LinearLayouts:
         # by probing it: the edge stages' own, a cost per layer and one per stage holding a layer
         self.first_forward_s = self.first_backward_s = np.zeros(self.stages)
         self.windows: WindowTerms | None = None  # ZeRO-2/3's earlier gradient windows, where a stage has them
+        self.gathers: GatherTables | None = None  # ZeRO-3's gathers of mean layers, with more than one kind of layer
         if ctx.cfg.derived().any_zero2:
             self._add_zero_traffic(u, edge, mtp, first, last)
             self._check_times()
@@ -225,12 +241,15 @@ class LinearLayouts:
             return stage_zero_terms(ctx, counts, mtp)
 
         kind = int(self.kind_of_run[0])
+        windows = float(grad_windows(ctx.cfg, np.array([micro]))[0])
+        if len(set(self.kind_of_run.tolist())) > 1 and ctx.cfg_plain.derived().any_zero3:
+            self._add_gather_tables(edge, mtp)  # a stage gathers its mean layer: tables (check_linear: one window)
+            return
         f0, f_first, f_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_f / micro, self.stages, "its gathers")
         b0, b_first, b_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_b / micro, self.stages, "its gathers")
         self.const_forward_s, self.const_backward_s = self.const_forward_s + f0, self.const_backward_s + b0
         self.forward_s, self.backward_s = self.forward_s + f_slope, self.backward_s + b_slope
         self.first_forward_s, self.first_backward_s = f_first, b_first
-        windows = float(grad_windows(ctx.cfg, np.array([micro]))[0])
         if windows <= 1:
             return
         used_const, used_first, used_layer = _affine_in_layers(lambda n: terms(kind, n).window_used, self.stages, "its prefetches' overlap")
@@ -258,6 +277,66 @@ class LinearLayouts:
                 windows=windows, linear=linear, rs_const=rs_const[k0], rs_first=rs_first[k0], rs_run=rs_run,
                 compute_const=forward + backward - 2.0 * u["overhead"], compute_run=u["kind_total"][self.kind_of_run],
                 used_const=used_const, used_first=used_first, used_layer=used_layer)
+
+    def _add_gather_tables(self, edge: np.ndarray, mtp: np.ndarray) -> None:
+        """ZeRO-3 with more than one kind of decoder layer: a stage gathers its mean layer
+        (costmodel.stage_layout.stage_zero_terms), a ratio of its counts, so its gathers are
+        tabulated by the exact model over every run of layers [start, start + t) (GatherTables).
+        The linear terms keep a * t + b * [t > 0] per stage, below every table entry (a and b
+        from the least entry at each t), plus the stage's own modules' gathers; the tables keep
+        the rest (gather_rest_s), >= 0."""
+        ctx, micro = self.ctx, float(self.ctx.microbatches)
+        n, kinds, stages = len(ctx.kind_of_layer), len(ctx.kinds), self.stages
+        prefix = np.zeros((n + 1, kinds))
+        prefix[1:] = np.cumsum(np.eye(kinds)[np.asarray(ctx.kind_of_layer)], axis=0)
+        start, t = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        valid = start + t <= n
+        runs = (prefix[np.minimum(start + t, n)] - prefix[start]).reshape(-1, kinds)
+        # every run as a middle stage: padded so that the first and the last row hold the edges
+        padded = np.vstack([np.zeros((1, kinds)), runs, np.zeros((1, kinds))])
+        middle = stage_zero_terms(ctx, padded, np.zeros(len(padded)))
+        mid = [np.where(valid, x[1:-1].reshape(n + 1, n + 1) / micro, np.inf) for x in (middle.exposed_f, middle.exposed_b)]
+        own = stage_zero_terms(ctx, edge, mtp)  # each stage's modules (the embedding, the head) without layers
+        last = [np.zeros(n + 1), np.zeros(n + 1)]
+        for begin in range(n + 1):  # the last stage holds layers [begin, n) and the MTP modules
+            counts = edge.copy()
+            counts[-1] += prefix[n] - prefix[begin]
+            found = stage_zero_terms(ctx, counts, mtp)
+            last[0][begin], last[1][begin] = found.exposed_f[-1] / micro, found.exposed_b[-1] / micro
+        layers = np.arange(n + 1)
+        rests, linear = [], []
+        for table, tail, own_s in zip(mid, last, (own.exposed_f / micro, own.exposed_b / micro)):
+            least = table.min(axis=0)  # at each t, over the starts
+            slope = min(((least[k] - least[1]) / (k - 1) for k in range(2, n + 1)), default=0.0)
+            jump = least[1] - slope
+            if slope < 0:
+                slope, jump = 0.0, float(least[1:].min())
+            below = jump * (layers > 0) + slope * layers  # by t
+            tail_t = n - layers  # the last stage's layers at each start
+            tail_const = float((tail - jump * (tail_t > 0) - slope * tail_t).min())
+            rests.append((np.where(valid, table - below[None, :], 0.0), tail - jump * (tail_t > 0) - slope * tail_t - tail_const))
+            linear.append((slope, jump, np.concatenate([own_s[:-1], [tail_const]])))
+        (slope_f, jump_f, const_f), (slope_b, jump_b, const_b) = linear
+        self.forward_s, self.backward_s = self.forward_s + slope_f, self.backward_s + slope_b
+        self.first_forward_s, self.first_backward_s = np.full(stages, jump_f), np.full(stages, jump_b)
+        self.const_forward_s, self.const_backward_s = self.const_forward_s + const_f, self.const_backward_s + const_b
+        self.gathers = GatherTables(middle_f=rests[0][0], middle_b=rests[1][0], last_f=rests[0][1], last_b=rests[1][1])
+
+    def gather_rest_s(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[K, stage] forward and backward seconds per micro-batch of ZeRO-3's gathers beyond the
+        linear terms (GatherTables; 0 without)."""
+        g = self.gathers
+        if g is None:
+            zero = np.zeros(counts.shape[:2])
+            return zero, zero
+        layers = counts.sum(axis=-1).astype(np.int64)
+        start = np.cumsum(layers, axis=1) - layers
+        out = []
+        for middle, last in ((g.middle_f, g.last_f), (g.middle_b, g.last_b)):
+            rest = middle[start, layers]
+            rest[:, -1] = last[start[:, -1]]
+            out.append(rest)
+        return out[0], out[1]
 
     def window_s(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, stage] the seconds per micro-batch the earlier gradient windows add to each
@@ -321,10 +400,11 @@ class LinearLayouts:
         """[stage, K] forward and backward seconds of K layouts' run counts [K, stage, run]
         (and recomputed run counts)."""
         held = counts.sum(axis=-1) > 0  # [K, stage] stages holding a layer (ZeRO-3's first gather)
-        backward = counts @ self.backward_s + self.const_backward_s + held * self.first_backward_s + self.window_s(counts, recomputed)
+        rest_f, rest_b = self.gather_rest_s(counts)
+        backward = counts @ self.backward_s + self.const_backward_s + held * self.first_backward_s + self.window_s(counts, recomputed) + rest_b
         if recomputed is not None:
             backward = backward + recomputed @ self.recompute_s
-        return (counts @ self.forward_s + self.const_forward_s + held * self.first_forward_s).T, backward.T
+        return (counts @ self.forward_s + self.const_forward_s + held * self.first_forward_s + rest_f).T, backward.T
 
     def weights(self, counts: np.ndarray) -> np.ndarray:
         """[stage, K] DualPipeV weight-gradient seconds of K layouts' run counts [K, stage, run]:

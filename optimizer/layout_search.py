@@ -126,7 +126,7 @@ class LayoutModel:
     z: object  # the makespan, ns
     horizon: int  # z's upper bound
     first_gather: bool  # ZeRO-3 kept after the forward: each stage holding a layer pays its first gather
-    window_err_ns: float = 0.0  # the most one op's earlier gradient windows are off by in the integer model (window_vars)
+    extra_err_ns: float = 0.0  # the most one op is off by in the integer model beyond its rounded coefficients (window_vars, the gather tables)
     cuts: set = dataclasses.field(default_factory=set)
 
     @property
@@ -209,20 +209,40 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
         for s in range(stages):
             f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held[s]
             b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held[s]
+    # ZeRO-3 with more than one kind of layer: each stage's gathers beyond the linear terms, by
+    # table (LinearLayouts.gathers) at the stage's first layer and its layer count
+    gather_max_s = 0.0
+    if lin.gathers is not None:
+        g = lin.gathers
+        for s in range(stages):
+            if s < stages - 1:
+                index = model.NewIntVar(0, (n_layers + 1) ** 2 - 1, f"run{s}")
+                model.Add(index == (prefix[s - 1] if s else 0) * (n_layers + 1) + t[s])
+                tables = (g.middle_f.ravel(), g.middle_b.ravel())
+            else:
+                index, tables = prefix[s - 1], (g.last_f, g.last_b)
+            for expr, table in zip((f_expr, b_expr), tables):
+                if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
+                    continue
+                values = [max(int(math.floor(v * TIME_SCALE)), 0) for v in table]  # rounded down: never above the exact model
+                rest = model.NewIntVar(0, max(values), "")
+                model.AddElement(index, values, rest)
+                expr[s] += rest
+        gather_max_s = float(max(g.middle_f.max(), g.last_f.max()) + max(g.middle_b.max(), g.last_b.max()))
     # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
-    window, window_max_s, window_err_ns = [0] * stages, 0.0, 0.0
+    window, window_max_s, extra_err_ns = [0] * stages, 0.0, 1.0 if lin.gathers is not None else 0.0
     if lin.windows is not None:
-        window, window_max_s, window_err_ns = window_vars(model, ctx, lin, run_counts, rc_counts, held)
+        window, window_max_s, extra_err_ns = window_vars(model, ctx, lin, run_counts, rc_counts, held)
         for s in range(stages):
             b_expr[s] += window[s]
 
     # -- the makespan: at least every path cut's length
     zero_traffic = float(np.max(lin.forward_s + lin.backward_s - u["kind_total"][kind_of_run])) * n_layers + float(
-        lin.first_forward_s.max() + lin.first_backward_s.max()) + window_max_s  # ZeRO-2/3's, per layer and per stage: 0 without
+        lin.first_forward_s.max() + lin.first_backward_s.max()) + window_max_s + gather_max_s  # ZeRO-2/3's, per layer and per stage: 0 without
     per_op = (max((u["kind_total"] + u["kind_recompute"]).max(), 0.0) * n_layers + float(const_f.max() + const_b.max()) + zero_traffic) * TIME_SCALE
     horizon = int(2 * ctx.microbatches * stages * per_op) + 1
     z = model.NewIntVar(0, horizon, "makespan")
-    lm = LayoutModel(model, t, rc, level, run_counts, rc_counts, f_expr, b_expr, z, horizon, first_gather, window_err_ns)
+    lm = LayoutModel(model, t, rc, level, run_counts, rc_counts, f_expr, b_expr, z, horizon, first_gather, extra_err_ns)
     for n_f, n_b in sorted(paths or ()):  # a previous search's paths of this skeleton: cuts for every layout
         lm.cut(np.array(n_f), np.array(n_b))
     for n_f, n_b in segment_paths(ctx.ops, stages, ctx.microbatches):
@@ -642,7 +662,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     # (its constants; its layers and recomputed layers per kind-run, times their counts, which
     # sum to <= 2*m*n layers along a path, each stage visited <= 2*m times), and the windows'
     terms = max(stages * len(runs), n_layers) * (2 if recompute else 1) + stages * (1 + lm.first_gather)
-    slack = (0.5 * 2 * ctx.microbatches * terms + 2 * ctx.microbatches * stages * lm.window_err_ns) / TIME_SCALE
+    slack = (0.5 * 2 * ctx.microbatches * terms + 2 * ctx.microbatches * stages * lm.extra_err_ns) / TIME_SCALE
     bound, rounds, proven, stalled = 0.0, 0, False, False
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector

@@ -270,8 +270,7 @@ def test_zero_3_kept_after_the_forward_matches_enumeration(tmp_path, schedule, p
     it holds one. LinearLayouts (probed from stage_zero_terms) prices every layout's passes as the
     scorer does, and the search (a boolean per stage for that cost) certifies enumeration's
     optimum, roomy and at the median layout's peak, and roomy with parameters freed after the
-    forward (every micro-batch gathers again, both passes: linear too); the model with two kinds
-    of decoder layer (a stage gathers its mean layer) is refused by name."""
+    forward (every micro-batch gathers again, both passes: linear too)."""
     from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
 
@@ -292,11 +291,41 @@ def test_zero_3_kept_after_the_forward_matches_enumeration(tmp_path, schedule, p
     for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
         assert_certifies_enumeration_optimum(zero_3(memory_mib))
     assert_certifies_enumeration_optimum(layout_context(load_problem(str(path), []), ConfigBatch.from_columns(64, **{**columns, "reshard_after_forward": 1})))
-    moe = tmp_path / "tiny.yaml"
-    moe.write_text(TINY)
-    cfg = ConfigBatch.from_columns(64, **{**columns, "ep": 8})
-    with pytest.raises(LayoutError, match="more than one kind of decoder layer"):
-        LinearLayouts(layout_context(load_problem(str(moe), []), cfg))
+
+
+@pytest.mark.parametrize("schedule,pp,vp,reshard", [("1f1b", 4, 1, 0), ("afab", 2, 2, 0), ("1f1b", 4, 1, 1)])
+def test_zero_3_with_two_kinds_of_layer_matches_enumeration(tmp_path, schedule, pp, vp, reshard):
+    """ZeRO-3 on DeepSeek-V3's kinds (dense and MoE layers, an MTP module on the last stage) with
+    one gradient window per stage: a stage gathers its mean layer, a ratio of its counts, so the
+    exact model's gathers are tabulated by each stage's first layer and layer count
+    (LinearLayouts.gathers, an element constraint per stage and pass in CP-SAT) above linear
+    terms that stay below every entry. The model prices every layout's passes as the scorer
+    does, and the search certifies enumeration's optimum, roomy and at the median layout's peak,
+    kept after the forward and freed after it; with 8 windows per stage (interleaved, 16
+    micro-batches) the skeleton is refused by name."""
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    columns = dict(tp=8, pp=pp, vp=vp, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=3, reshard_after_forward=reshard, dp_overlap=1,
+                   pp_schedule=PP_SCHEDULES.index(schedule))
+
+    def zero_3(memory_mib, **changes):
+        problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+        return layout_context(problem, ConfigBatch.from_columns(64, **{**columns, **changes}))
+
+    roomy = zero_3(81559)
+    lin = LinearLayouts(roomy)
+    assert lin.gathers is not None and lin.gathers.middle_f.max() > 0  # the mean layers' gathers are there to model
+    layouts, counts = assert_linear_times_are_exact(roomy, lin)
+    rest_f, rest_b = lin.gather_rest_s(counts)
+    assert rest_f.min() >= 0 and rest_b.min() >= 0
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in layouts)
+    for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
+        assert_certifies_enumeration_optimum(zero_3(memory_mib))
+    with pytest.raises(LayoutError, match="mean layer, with more than one kind of decoder layer, and 8 gradient windows"):
+        LinearLayouts(zero_3(81559, pp=2, vp=2, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b")))
 
 
 @pytest.mark.parametrize("memory_mib", [81559, 38000, 36000])
