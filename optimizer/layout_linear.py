@@ -309,8 +309,9 @@ class LinearLayouts:
             least = table.min(axis=0)  # at each t, over the starts
             slope = min(((least[k] - least[1]) / (k - 1) for k in range(2, n + 1)), default=0.0)
             jump = least[1] - slope
-            if slope < 0:
-                slope, jump = 0.0, float(least[1:].min())
+            if slope < 0 or jump < 0:  # the bounds drop a stage's fixed part: both stay >= 0
+                slope = max(min(least[k] / k for k in range(1, n + 1)), 0.0)
+                jump = 0.0
             below = jump * (layers > 0) + slope * layers  # by t
             tail_t = n - layers  # the last stage's layers at each start
             tail_const = float((tail - jump * (tail_t > 0) - slope * tail_t).min())

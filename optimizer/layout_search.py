@@ -220,7 +220,7 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
                 model.Add(index == (prefix[s - 1] if s else 0) * (n_layers + 1) + t[s])
                 tables = (g.middle_f.ravel(), g.middle_b.ravel())
             else:
-                index, tables = prefix[s - 1], (g.last_f, g.last_b)
+                index, tables = (prefix[s - 1] if s else 0), (g.last_f, g.last_b)
             for expr, table in zip((f_expr, b_expr), tables):
                 if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
                     continue
@@ -305,7 +305,8 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
     excess_q, linear_q = int(math.floor((alpha - 1.0) * q)), int(math.ceil((alpha - 1.0) / alpha * q))
     per_gap = m / (w.windows * vp)  # gap_r = (m * compute - used) / (windows * vp)
     gap_max_s = per_gap * float(w.compute_const.sum() + (w.compute_run.max() + float(lin.recompute_s.max(initial=0.0))) * n_layers)
-    b_max, g_max = ns(beta * rs_max_s) + 1, ns(gap_max_s) + 1
+    # the domains' ends, with the rounding of their terms (<= 0.5 ns per layer and constant)
+    b_max, g_max = ns(beta * rs_max_s) + n_layers + 3, ns(gap_max_s) + 2 * n_layers + 2 * stages + 2
     e_max = int(max(1.0, alpha - 1.0) * b_max) + 1
     gaps = []
     # -- each rank's gap: its compute between two windows less its prefetches' overlap, >= 0
@@ -334,9 +335,10 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
         grown = model.NewIntVar(0, int(share * e_max) + 2, f"window{s}")
         model.Add(scale.denominator * grown >= scale.numerator * rest)
         out.append(grown)
-    # rounding per op: B_s (its terms, <= 0.5 ns per layer and constant), G_r (per layer of the
-    # rank, recomputed or not, and its constants), the two shares of q, the final ceiling
-    err = share * (0.5 * (2 + n_layers) + 0.5 * (2 * stages + 3 * n_layers) + 2 * b_max / q) + 1.0
+    # rounding per op: B_s (its terms, <= 0.5 ns per layer and constant) and G_r (per layer of
+    # the rank, recomputed or not, and its constants), each weighing up to max(1, alpha - 1) in
+    # E_s; the two shares of q; the integer E_s and rest; the final ceiling
+    err = share * (max(1.0, alpha - 1.0) * (0.5 * (2 + n_layers) + 0.5 * (2 * stages + 3 * n_layers)) + 2 * b_max / q + 2.0) + 1.0
     return out, share * e_max / TIME_SCALE, err
 
 
@@ -599,7 +601,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
 
     rows = MemoryRows(model, ctx, lin, lm.run_counts, lm.rc_counts if recompute else None)
     add_rows = rows.add_broken
-    if recompute and level is None and tables is None:
+    # a rank's recompute only slows it, except under gradient windows: its recomputed layers
+    # widen the gap its stages' reduce-scatters hide behind, so one may speed the layout up
+    recompute_dominated = lin.windows is None
+    if recompute and level is None and tables is None and recompute_dominated:
         # a rank recomputes only where it must (with one kind of layer the rank tables above
         # already price what its memory forces, and these 16 more booleans slowed the rounds:
         # Llama 3 405B cp 1, free layouts after a regular search, 5.4% -> 7.8% in 10 s)
@@ -730,7 +735,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                         break
             return new
 
-        if refine and inc.layout is not None and chunk_spread is None and not graph and recompute and level is None:
+        if refine and inc.layout is not None and chunk_spread is None and not graph and recompute and level is None and recompute_dominated:
             # rounds ask only for layouts below the incumbent: ranks that cannot recompute in one
             # (recomputing_ranks, the dominance of recompute_only_where_needed) recompute nothing
             maybe = recomputing_ranks(ctx, layout_makespan(inc.score), lin)

@@ -200,6 +200,32 @@ def test_gradient_windows_with_per_stage_recompute_match_enumeration(tmp_path):
     assert solve_layout(tight, time_limit_s=20).layout.any_recompute
 
 
+def test_gradient_windows_make_recompute_pay_where_memory_does_not_force_it(tmp_path):
+    """Under gradient windows a rank's recomputed layers widen the gap its stages' reduce-scatters
+    hide behind, so recompute can speed a layout up on a GPU where everything fits without it
+    (a short sequence, a slow inter-node link: 6 layers over pp 2 x vp 2, 8 windows per stage).
+    The search must not assume a rank recomputes only where memory forces it: seeded with the
+    best layout without recompute and no local search, its CP-SAT rounds reach enumeration's
+    optimum over layer and recompute counts (relative 1e-6), which recomputes, and certify it
+    (a review found the search certifying the seed, 0.09% slower, when it did)."""
+    from costmodel.specs import PP_SCHEDULES
+
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "6"))
+    problem = load_problem(str(path), ["training.seq_len=256", "hardware.inter_node_gb_per_s=8"])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=3, last_layers=3, zero_stage=2, dp_overlap=1,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), recompute=2, recompute_method=1, recompute_layers=1)
+    ctx = layout_context(problem, cfg)
+    scored = list(enumerate_layouts(ctx))
+    assert all(score.fits for layout, score in scored if not layout.any_recompute)  # memory forces no recompute
+    best, best_layout = best_by_enumeration(ctx, "makespan")
+    plain = min(((score.pipeline_s - score.pp_exposed_s, layout) for layout, score in scored if not layout.any_recompute), key=lambda x: x[0])
+    assert best_layout.any_recompute and best < plain[0]
+    solution = solve_layout(ctx, time_limit_s=20, seeds=(plain[1],), local=False)
+    assert solution.optimal and solution.makespan_s == pytest.approx(best, rel=1e-6)
+    assert solution.lower_bound_s <= best * (1 + 1e-9)
+
+
 def test_zero_layouts_the_search_does_not_model_are_refused_and_scored(tmp_path):
     """Where a stage's ZeRO traffic is not piecewise linear in its layers the search refuses the
     skeleton by name (`mofa solve --pipeline-layouts` reports it as `refused`), where the scorer
