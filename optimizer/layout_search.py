@@ -218,10 +218,10 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
             if s < stages - 1:
                 index = model.NewIntVar(0, (n_layers + 1) ** 2 - 1, f"run{s}")
                 model.Add(index == (prefix[s - 1] if s else 0) * (n_layers + 1) + t[s])
-                tables = (g.middle_f.ravel(), g.middle_b.ravel())
+                by_pass = (g.middle_f.ravel(), g.middle_b.ravel())
             else:
-                index, tables = (prefix[s - 1] if s else 0), (g.last_f, g.last_b)
-            for expr, table in zip((f_expr, b_expr), tables):
+                index, by_pass = (prefix[s - 1] if s else 0), (g.last_f, g.last_b)
+            for expr, table in zip((f_expr, b_expr), by_pass):
                 if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
                     continue
                 values = [max(int(math.floor(v * TIME_SCALE)), 0) for v in table]  # rounded down: never above the exact model

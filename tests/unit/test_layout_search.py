@@ -327,8 +327,8 @@ def test_zero_3_with_two_kinds_of_layer_matches_enumeration(tmp_path, schedule, 
     (LinearLayouts.gathers, an element constraint per stage and pass in CP-SAT) above linear
     terms that stay below every entry. The model prices every layout's passes as the scorer
     does, and the search certifies enumeration's optimum, roomy and at the median layout's peak,
-    kept after the forward and freed after it; with 8 windows per stage (interleaved, 16
-    micro-batches) the skeleton is refused by name."""
+    kept after the forward and freed after it, and with recompute chosen per stage; with 8
+    windows per stage (interleaved, 16 micro-batches) the skeleton is refused by name."""
     from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
 
@@ -350,6 +350,8 @@ def test_zero_3_with_two_kinds_of_layer_matches_enumeration(tmp_path, schedule, 
     peaks = sorted(float(score.peak_bytes.max()) for _, score in layouts)
     for memory_mib in (81559, int(peaks[len(peaks) // 2] / 2**20)):
         assert_certifies_enumeration_optimum(zero_3(memory_mib))
+    # with recompute chosen per stage too (layer and recompute counts enumerated)
+    assert_certifies_enumeration_optimum(zero_3(81559, recompute=2, recompute_method=1, recompute_layers=1))
     with pytest.raises(LayoutError, match="mean layer, with more than one kind of decoder layer, and 8 gradient windows"):
         LinearLayouts(zero_3(81559, pp=2, vp=2, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b")))
 
