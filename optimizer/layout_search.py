@@ -44,6 +44,7 @@ from costmodel.stage_layout import (
     step_overhead_floor_s,
     unit_costs,
 )
+from costmodel.update import window_compute_s
 from optimizer import cp_solver
 from optimizer.layout_bounds import (
     dwell_paths,
@@ -303,7 +304,9 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
     alpha, beta = float(coef.alpha), float(coef.beta)
     q = 2**24  # (alpha - 1) as excess_q / q rounded down, (alpha - 1) / alpha as linear_q / q rounded up
     excess_q, linear_q = int(math.floor((alpha - 1.0) * q)), int(math.ceil((alpha - 1.0) / alpha * q))
-    per_gap = m / (w.windows * vp)  # gap_r = (m * compute - used) / (windows * vp)
+    # gap_r = per_gap * compute - per_used * used, read off the exact model's window_compute_s
+    per_gap = float(window_compute_s(m, 1.0, 0.0, w.windows, vp))
+    per_used = -float(window_compute_s(m, 0.0, 1.0, w.windows, vp))
     gap_max_s = per_gap * float(w.compute_const.sum() + (w.compute_run.max() + float(lin.recompute_s.max(initial=0.0))) * n_layers)
     # the domains' ends, with the rounding of their terms (<= 0.5 ns per layer and constant)
     b_max, g_max = ns(beta * rs_max_s) + n_layers + 3, ns(gap_max_s) + 2 * n_layers + 2 * stages + 2
@@ -312,9 +315,9 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
     # -- each rank's gap: its compute between two windows less its prefetches' overlap, >= 0
     for r in range(pp):
         mine = ctx.stages_of[r]
-        gap = sum(ns(per_gap * w.compute_const[s]) - ns(w.used_const[s] / (w.windows * vp)) for s in mine)
-        gap += sum((ns(per_gap * w.compute_run[j]) - ns(w.used_layer / (w.windows * vp))) * run_counts[s][j] for s in mine for j in runs)
-        gap += sum(-ns(w.used_first[s] / (w.windows * vp)) * held[s] for s in mine)
+        gap = sum(ns(per_gap * w.compute_const[s]) - ns(per_used * w.used_const[s]) for s in mine)
+        gap += sum((ns(per_gap * w.compute_run[j]) - ns(per_used * w.used_layer)) * run_counts[s][j] for s in mine for j in runs)
+        gap += sum(-ns(per_used * w.used_first[s]) * held[s] for s in mine)
         gap += sum(ns(per_gap * lin.recompute_s[j]) * rc_counts[s][j] for s in mine for j in runs if not isinstance(rc_counts[s][j], int))
         g = model.NewIntVar(0, g_max, f"gap{r}")
         model.AddMaxEquality(g, [gap, 0])
