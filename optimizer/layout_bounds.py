@@ -296,7 +296,7 @@ def recomputing_ranks(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | N
         base_k = np.array([base[k] for k in kinds])
         trans_k = np.array([trans[k] for k in kinds])
         act_k = np.array([u["kind_activation"][k] for k in kinds])
-        fixed = base0 + totals @ base_k
+        fixed = base0 + totals @ base_k + np.where(totals > 0, np.array([lin.largest[r][k] for k in kinds])[None, :], 0.0).max(axis=1)
         transient = fixed + (1 + lin.frag) * (trans0 + totals @ trans_k)
         held = np.asarray(ctx.held[r], dtype=float)  # [vectors, chunk]
         chunk_bytes = counts @ act_k  # [V, chunk]

@@ -35,7 +35,9 @@ from costmodel.stage_layout import (
     LayoutError,
     StageLayout,
     chunk_times,
+    rank_counts,
     rank_ledger,
+    rank_peak_ledger,
     recompute_working_bytes,
     stage_ranks,
     stage_times,
@@ -60,9 +62,14 @@ def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float]:
-    """(base_0, base per kind, transient_0, transient per kind, head bytes) of a rank, read
-    off the exact ledger at zero activations: peak = base + (1+frag)*max(act + head, trans)."""
+def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, np.ndarray]:
+    """(base_0, base per kind, transient_0, transient per kind, head bytes, largest per kind) of
+    a rank, read off the exact ledger at zero activations: peak = base + largest +
+    (1+frag)*max(act + head, trans), where `largest` is the most of largest[k] over the kinds
+    the rank holds: what the ledger keeps of its largest layer (ZeRO-3 freed after the forward
+    holds the gathered copies of the largest layer running and the next, or of the edge module
+    where that is larger), a jump at a rank's first layer of a kind rather than a cost per
+    layer. Probed at 0..3 layers of each kind; refused where the steps beyond the first differ."""
     last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
     first, last = rank == 0, rank == last_rank
     mtp = ctx.problem.model.mtp_layers if last else 0
@@ -76,81 +83,90 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
         return float(ledger.peak[0]) - (1.0 + frag) * trans, trans
 
     base0, trans0 = probe(np.zeros(k))
-    base, trans = np.zeros(k), np.zeros(k)
+    base, trans, largest = np.zeros(k), np.zeros(k), np.zeros(k)
     for j in range(k):
-        unit = np.zeros(k)
-        unit[j] = 1.0
-        b, t = probe(unit)
-        base[j], trans[j] = b - base0, t - trans0
+        (b1, t1), (b2, t2), (b3, t3) = (probe(n * np.eye(k)[j]) for n in (1, 2, 3))
+        base[j], trans[j] = b2 - b1, t2 - t1
+        largest[j] = b1 - base0 - base[j]
+        close = functools.partial(math.isclose, rel_tol=1e-9, abs_tol=1.0)  # bytes
+        if not (close(b3 - b2, base[j]) and close(t3 - t2, trans[j]) and close(t1 - trans0, trans[j])) or largest[j] < -1.0:
+            raise LayoutError(f"the layout search does not model this skeleton's memory: rank {rank}'s ledger is not linear in its layers "
+                              "beyond a jump at the first; `mofa evaluate --pipeline-layout` scores a layout under it")
     head = float(np.asarray(ctx.lc.head_saved).ravel()[0]) * (1 + mtp) if last else 0.0
-    return base0, base, trans0, trans, head
+    return base0, base, trans0, trans, head, np.maximum(largest, 0.0)
 
 
-def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, float]:
+def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[tuple[float, np.ndarray, float, np.ndarray, float, float], np.ndarray]:
     """rank_memory_model's (base_0, base per kind, transient_0, transient per kind, head bytes)
     with the MTP modules of the last rank folded into the constants, and the MTP modules'
     activation bytes (held with the last local chunk): the rank fits when
-        base_0 + base . counts + (1+frag) * max(transient_0 + transient . counts,
+        base_0 + base . counts + largest + (1+frag) * max(transient_0 + transient . counts,
                                                max_h sum_c h_c act . chunk_c + head + h_last * mtp_act) <= capacity
-    over its in-flight vectors h (ctx.held). The CP-SAT model and the local search read it."""
-    base0, base, trans0, trans, head = rank_memory_model(ctx, rank)
+    over its in-flight vectors h (ctx.held); and, apart, rank_memory_model's largest per kind
+    (largest: its most over the kinds the rank holds, the MTP modules' kind included on the last
+    rank). The CP-SAT model and the local search read it."""
+    base0, base, trans0, trans, head, largest = rank_memory_model(ctx, rank)
     mtp_act = 0.0
     if rank == stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1] and ctx.mtp_kind is not None:
         mtp_layers = ctx.problem.model.mtp_layers
         base0 += mtp_layers * base[ctx.mtp_kind]
         trans0 += mtp_layers * trans[ctx.mtp_kind]
         mtp_act = mtp_layers * unit_costs(ctx)["kind_activation"][ctx.mtp_kind]
-    return base0, base, trans0, trans, head, mtp_act
+        if mtp_layers:  # the MTP modules' layers are always held: their kind's jump is every layout's
+            base0 += largest[ctx.mtp_kind]
+            largest = np.maximum(largest - largest[ctx.mtp_kind], 0.0)
+    return (base0, base, trans0, trans, head, mtp_act), largest
 
 
 def check_linear(ctx: LayoutContext) -> None:
-    """Refuse skeletons whose stage times the search does not hold: ZeRO-3 with more than one
-    kind of decoder layer and several gradient windows per stage (the windows' gap would depend
-    on the tabulated gathers), and DualPipeV's V under ZeRO-2/3 with a gradient window per
-    micro-batch (its own search, layout_vee, holds stage times linear). What is left adds per
-    stage a fixed exposed first gather where it holds a layer (ZeRO-3: once per window kept after
-    the forward, every micro-batch freed after it) and a prefetch per layer, or with more than
-    one kind of layer the gathers of the stage's mean layer, by table (LinearLayouts.gathers,
-    GatherTables); and where a stage reduces its gradients more than once per step (the
-    interleaved schedule with more micro-batches than a round) its earlier windows'
-    reduce-scatters hidden behind its rank's compute between two windows: a max and a min of
-    affine forms (LinearLayouts.windows, WindowTerms). LinearLayouts checks its times against
-    the exact model's on probe layouts and refuses where they differ."""
+    """Refuse skeletons whose stage times the search does not hold: DualPipeV's V under ZeRO-2/3
+    with a gradient window per micro-batch (its own search, layout_vee, holds stage times
+    linear). What is left adds per stage a fixed exposed first gather where it holds a layer
+    (ZeRO-3: once per window kept after the forward, every micro-batch freed after it) and a
+    prefetch per layer, or with more than one kind of layer the gathers of the stage's mean
+    layer, by table (LinearLayouts.gathers, GatherTables); and where a stage reduces its
+    gradients more than once per step (the interleaved schedule with more micro-batches than a
+    round) its earlier windows' reduce-scatters hidden behind its rank's compute between two
+    windows: a max and a min of affine forms (LinearLayouts.windows, WindowTerms), with the
+    experts' collective starting at a stage's first MoE layer (a boolean per stage) and, with
+    tabulated gathers, their prefetches' overlap by the same tables. LinearLayouts checks its
+    times against the exact model's on probe layouts and refuses where they differ."""
     cfg = ctx.cfg
-    x = cfg.derived()
     windows = float(grad_windows(cfg, np.array([float(ctx.microbatches)]))[0])
-    why = None
-    if x.any_zero3 and len(set(kind for kind, _, _ in kind_runs(ctx.kind_of_layer))) > 1 and windows > 1:
-        why = f"its stages' gathers of their mean layer, with more than one kind of decoder layer, and {windows:g} gradient windows per stage"
-    elif x.any_zero2 and windows > 1 and ctx.vee:
-        why = f"the reduce-scatters of DualPipeV's gradient windows ({windows:g} per stage per step)"
-    if why is not None:
-        raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: {why} are not linear in a "
-                          "stage's layers (supported: ZeRO 0-3 outside DualPipeV's windows, ZeRO-3 with more than one kind of decoder "
-                          "layer where a stage has one window per step); `mofa evaluate --pipeline-layout` scores a layout under it")
+    if cfg.derived().any_zero2 and windows > 1 and ctx.vee:
+        raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: the reduce-scatters of DualPipeV's "
+                          f"gradient windows ({windows:g} per stage per step) are not linear in a stage's layers (supported: ZeRO 0-3 "
+                          "outside DualPipeV's windows); `mofa evaluate --pipeline-layout` scores a layout under it")
 
 
 @dataclasses.dataclass(frozen=True)
 class WindowTerms:
     """ZeRO-2/3's earlier gradient windows (costmodel.stage_layout.stage_windows_s) in the form
     the search holds them: per stage, one reduce-scatter of its gradients,
-        rs_s = rs_const[s] + rs_first[s] * [t_s > 0] + rs_run . (layers of each kind-run),
-    and the compute its rank hides it behind, per micro-batch of each stage without the chunk
-    overheads, compute_run . counts + recompute . recomputed + compute_const[s], less the
-    prefetches' overlap used_const[s] + used_first[s] * [t_s > 0] + used_layer * t_s (per step).
-    The seconds per micro-batch a stage's backward gains are then
+        rs_s = rs_const[s] + rs_first[s] * [t_s > 0] + rs_jump[s] * [stage holds a jump_runs layer]
+               + rs_run . (layers of each kind-run),
+    (rs_jump: the experts' collective, which starts with a stage's first MoE layer), and the
+    compute its rank hides it behind, per micro-batch of each stage without the chunk overheads,
+    compute_run . counts + recompute . recomputed + compute_const[s], less the prefetches' overlap
+    used_const[s] + used_first[s] * [t_s > 0] + used_layer * t_s (per step; with tabulated
+    gathers, GatherTables.used_* instead). The seconds per micro-batch a stage's backward gains
+    are then
         (windows - 1) / m * hidden(rs_s, max(gap_r, 0)),
     gap_r = (m * sum of the rank's compute - its used) / (windows * vp)
-    (costmodel.update.windows_exposed: with DP overlap max(beta rs - gap, (alpha - 1) min(gap, beta rs))).
-    That is at least (alpha - 1) / alpha * beta rs whatever the gap (where beta rs <= gap it is
-    (alpha - 1) beta rs; beyond, below alpha gap it is (alpha - 1) gap > (alpha - 1) / alpha * beta rs,
-    from alpha gap on beta rs - gap >= (alpha - 1) / alpha * beta rs), so LinearLayouts keeps
-    `linear` = (windows - 1) / m * that share in its linear terms and the rest here (window_s)."""
+    (costmodel.update.windows_exposed: with DP overlap max(beta rs - gap, (alpha - 1) min(gap, beta rs)),
+    without it rs whole). That is at least (alpha - 1) / alpha * beta rs whatever the gap (where
+    beta rs <= gap it is (alpha - 1) beta rs; beyond, below alpha gap it is (alpha - 1) gap >
+    (alpha - 1) / alpha * beta rs, from alpha gap on beta rs - gap >= (alpha - 1) / alpha * beta rs),
+    so LinearLayouts keeps `linear` = (windows - 1) / m * that share of rs without its jump in
+    its linear terms and the rest here (window_s)."""
 
     windows: float
-    linear: float  # of each second of rs_s, what LinearLayouts' linear terms already hold
+    overlap: bool  # DP overlap: the windows hide behind compute (else rs is exposed whole, linear but for its jump)
+    linear: float  # of each second of rs_s without its jump, what LinearLayouts' linear terms already hold
     rs_const: np.ndarray
     rs_first: np.ndarray
+    rs_jump: np.ndarray
+    jump_runs: np.ndarray  # [run] bool: the kind-runs whose first layer in a stage starts the jump's collective
     rs_run: np.ndarray
     compute_const: np.ndarray
     compute_run: np.ndarray
@@ -164,12 +180,16 @@ class GatherTables:
     """ZeRO-3's gathers of a stage with more than one kind of decoder layer beyond LinearLayouts'
     linear terms, seconds per micro-batch: a stage other than the last holding layers
     [start, start + t) adds middle_*[start, t] (0 where start + t > n), the last stage holding
-    [start, n) with the MTP modules last_*[start]."""
+    [start, n) with the MTP modules last_*[start]. Where a stage has earlier gradient windows,
+    the compute their prefetches overlap per step (the windows' `used`, whole, not a rest) by the
+    same index: used_middle[start, t], used_last[start] (None without windows)."""
 
     middle_f: np.ndarray
     middle_b: np.ndarray
     last_f: np.ndarray
     last_b: np.ndarray
+    used_middle: np.ndarray | None = None
+    used_last: np.ndarray | None = None
 
 
 def _affine_in_layers(probe, stages: int, what: str) -> tuple[np.ndarray, np.ndarray, float]:
@@ -224,15 +244,25 @@ class LinearLayouts:
         if ctx.cfg.derived().any_zero2:
             self._add_zero_traffic(u, edge, mtp, first, last)
             self._check_times()
-        self.memory = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
+        terms = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
+        self.memory = [linear for linear, _ in terms]
+        # per rank, [kind] what holding a layer of that kind adds to its peak beyond `memory`'s
+        # linear terms (rank_memory_model's largest: ZeRO-3 freed after the forward; 0 elsewhere),
+        # the most over the kinds it holds: exact in rank_rows and MemoryRows, an upper bound (the
+        # most over every kind) where a test must not miss a rank over the capacity, left out
+        # (a lower bound) where a row must hold for every fitting layout
+        self.largest = [largest for _, largest in terms]
         self.frag = ctx.mc.fragmentation
         self.capacity = ctx.problem.hardware.memory_bytes
+        self._check_memory()
 
     def _add_zero_traffic(self, u: dict, edge: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
         """Probe stage_zero_terms with every stage holding 0..3 layers of one kind: ZeRO-3's
         gathers (the edge stages' at 0 layers, a per-layer prefetch and the first layer's
-        exposed gather; one kind of decoder layer, check_linear) and, where a stage has earlier
-        gradient windows, the terms of WindowTerms (its reduce-scatter per kind of layer)."""
+        exposed gather; with more than one kind of decoder layer by table, _add_gather_tables)
+        and, where a stage has earlier gradient windows, the terms of WindowTerms (its
+        reduce-scatter per kind of layer, and the jump of a collective that only some kinds
+        start: the experts')."""
         ctx, micro = self.ctx, float(self.ctx.microbatches)
 
         def terms(kind: int, layers: int):
@@ -241,50 +271,63 @@ class LinearLayouts:
             return stage_zero_terms(ctx, counts, mtp)
 
         kind = int(self.kind_of_run[0])
+        kinds = sorted(set(self.kind_of_run.tolist()))
         windows = float(grad_windows(ctx.cfg, np.array([micro]))[0])
-        if len(set(self.kind_of_run.tolist())) > 1 and ctx.cfg_plain.derived().any_zero3:
-            self._add_gather_tables(edge, mtp)  # a stage gathers its mean layer: tables (check_linear: one window)
-            return
-        f0, f_first, f_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_f / micro, self.stages, "its gathers")
-        b0, b_first, b_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_b / micro, self.stages, "its gathers")
-        self.const_forward_s, self.const_backward_s = self.const_forward_s + f0, self.const_backward_s + b0
-        self.forward_s, self.backward_s = self.forward_s + f_slope, self.backward_s + b_slope
-        self.first_forward_s, self.first_backward_s = f_first, b_first
+        if len(kinds) > 1 and ctx.cfg_plain.derived().any_zero3:
+            self._add_gather_tables(edge, mtp, windows > 1)  # a stage gathers its mean layer: tables
+            used_const = used_first = np.zeros(self.stages)
+            used_layer = 0.0
+        else:
+            f0, f_first, f_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_f / micro, self.stages, "its gathers")
+            b0, b_first, b_slope = _affine_in_layers(lambda n: terms(kind, n).exposed_b / micro, self.stages, "its gathers")
+            self.const_forward_s, self.const_backward_s = self.const_forward_s + f0, self.const_backward_s + b0
+            self.forward_s, self.backward_s = self.forward_s + f_slope, self.backward_s + b_slope
+            self.first_forward_s, self.first_backward_s = f_first, b_first
+            if windows > 1:
+                used_const, used_first, used_layer = _affine_in_layers(lambda n: terms(kind, n).window_used, self.stages,
+                                                                       "its prefetches' overlap")
         if windows <= 1:
             return
-        used_const, used_first, used_layer = _affine_in_layers(lambda n: terms(kind, n).window_used, self.stages, "its prefetches' overlap")
         rs_const, rs_first, rs_slope = {}, {}, {}
-        for k in sorted(set(self.kind_of_run.tolist())):
+        for k in kinds:
             rs_const[k], rs_first[k], rs_slope[k] = _affine_in_layers(lambda n: terms(k, n).reduce_scatter_s, self.stages, "its reduce-scatters")
-        k0 = int(self.kind_of_run[0])
-        if any(not np.allclose(rs_first[k], rs_first[k0], rtol=1e-9, atol=1e-15) for k in rs_first):
-            raise LayoutError(f"the layout search does not model zero_stage {int(ctx.cfg.zero_stage[0])} here: the reduce-scatters of its stages' earlier gradient "
-                              "windows start a collective with a stage's first layer of one kind (its experts'), not linear in a "
+        # a stage's first layer starts its collectives: every kind the dense one, some kinds (MoE)
+        # the experts' too, a jump of its own where the stage holds one of them
+        low = np.min([rs_first[k] for k in kinds], axis=0)
+        jumping = [k for k in kinds if not np.allclose(rs_first[k], low, rtol=1e-9, atol=1e-15)]
+        jump = rs_first[jumping[0]] - low if jumping else np.zeros(self.stages)
+        jump = np.where(np.isclose(jump, 0.0, rtol=0.0, atol=1e-9 * float(np.abs(jump).max(initial=0.0))), 0.0, jump)  # float dust
+        if any(not np.allclose(rs_first[k] - low, jump, rtol=1e-9, atol=1e-15) for k in jumping):
+            raise LayoutError(f"the layout search does not model zero_stage {int(ctx.cfg.zero_stage[0])} here: the reduce-scatters of its "
+                              "stages' earlier gradient windows start collectives with more than two kinds of layer, not linear in a "
                               "stage's layers; `mofa evaluate --pipeline-layout` scores a layout under it")
         forward, backward = chunk_times(u, edge, mtp, first, last)
         rs_run = np.array([rs_slope[k] for k in self.kind_of_run.tolist()])
         # the part of the windows linear in the reduce-scatter, in the linear terms (what the
         # bounds and the LP see): their value at the gap that exposes least, beta rs / alpha
-        # (WindowTerms.linear); all of it without DP overlap, whatever the gap
+        # (WindowTerms.linear); without DP overlap, whatever the gap: all of it but the jump
         x, coef = ctx.cfg_plain.derived(), ctx.problem.hardware.efficiency.dp_overlap
         overlap = bool(x.dp_overlap[0])
         linear = float(windows_exposed(1.0, 1.0, x, ctx.problem.hardware, windows, float(coef.beta) / float(coef.alpha))[0]) / micro
-        self.const_backward_s = self.const_backward_s + linear * rs_const[k0]
-        self.first_backward_s = self.first_backward_s + linear * rs_first[k0]
+        self.const_backward_s = self.const_backward_s + linear * rs_const[kind]
+        self.first_backward_s = self.first_backward_s + linear * low
         self.backward_s = self.backward_s + linear * rs_run
-        if overlap:
+        if overlap or jumping:
             self.windows = WindowTerms(
-                windows=windows, linear=linear, rs_const=rs_const[k0], rs_first=rs_first[k0], rs_run=rs_run,
+                windows=windows, overlap=overlap, linear=linear, rs_const=rs_const[kind], rs_first=low, rs_jump=jump,
+                jump_runs=np.isin(self.kind_of_run, jumping), rs_run=rs_run,
                 compute_const=forward + backward - 2.0 * u["overhead"], compute_run=u["kind_total"][self.kind_of_run],
                 used_const=used_const, used_first=used_first, used_layer=used_layer)
 
-    def _add_gather_tables(self, edge: np.ndarray, mtp: np.ndarray) -> None:
+    def _add_gather_tables(self, edge: np.ndarray, mtp: np.ndarray, windows: bool) -> None:
         """ZeRO-3 with more than one kind of decoder layer: a stage gathers its mean layer
         (costmodel.stage_layout.stage_zero_terms), a ratio of its counts, so its gathers are
         tabulated by the exact model over every run of layers [start, start + t) (GatherTables).
         The linear terms keep a * t + b * [t > 0] per stage, below every table entry (a and b
         from the least entry at each t), plus the stage's own modules' gathers; the tables keep
-        the rest (gather_rest_s), >= 0."""
+        the rest (gather_rest_s), >= 0. With earlier gradient windows (`windows`) the prefetches'
+        overlap per step, whole, by the same index (GatherTables.used_*; it depends on the stage's
+        layers alone, not on the edge modules)."""
         ctx, micro = self.ctx, float(self.ctx.microbatches)
         n, kinds, stages = len(ctx.kind_of_layer), len(ctx.kinds), self.stages
         prefix = np.zeros((n + 1, kinds))
@@ -297,12 +340,13 @@ class LinearLayouts:
         middle = stage_zero_terms(ctx, padded, np.zeros(len(padded)))
         mid = [np.where(valid, x[1:-1].reshape(n + 1, n + 1) / micro, np.inf) for x in (middle.exposed_f, middle.exposed_b)]
         own = stage_zero_terms(ctx, edge, mtp)  # each stage's modules (the embedding, the head) without layers
-        last = [np.zeros(n + 1), np.zeros(n + 1)]
+        last, used_last = [np.zeros(n + 1), np.zeros(n + 1)], np.zeros(n + 1)
         for begin in range(n + 1):  # the last stage holds layers [begin, n) and the MTP modules
             counts = edge.copy()
             counts[-1] += prefix[n] - prefix[begin]
             found = stage_zero_terms(ctx, counts, mtp)
             last[0][begin], last[1][begin] = found.exposed_f[-1] / micro, found.exposed_b[-1] / micro
+            used_last[begin] = found.window_used[-1]
         layers = np.arange(n + 1)
         rests, linear = [], []
         for table, tail, own_s in zip(mid, last, (own.exposed_f / micro, own.exposed_b / micro)):
@@ -321,7 +365,14 @@ class LinearLayouts:
         self.forward_s, self.backward_s = self.forward_s + slope_f, self.backward_s + slope_b
         self.first_forward_s, self.first_backward_s = np.full(stages, jump_f), np.full(stages, jump_b)
         self.const_forward_s, self.const_backward_s = self.const_forward_s + const_f, self.const_backward_s + const_b
-        self.gathers = GatherTables(middle_f=rests[0][0], middle_b=rests[1][0], last_f=rests[0][1], last_b=rests[1][1])
+        used_middle = np.where(valid, middle.window_used[1:-1].reshape(n + 1, n + 1), 0.0) if windows else None
+        self.gathers = GatherTables(middle_f=rests[0][0], middle_b=rests[1][0], last_f=rests[0][1], last_b=rests[1][1],
+                                    used_middle=used_middle, used_last=used_last if windows else None)
+
+    def _table_index(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([K, stage] first layer, [K, stage] layers) of K layouts' run counts: GatherTables' index."""
+        layers = counts.sum(axis=-1).astype(np.int64)
+        return np.cumsum(layers, axis=1) - layers, layers
 
     def gather_rest_s(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[K, stage] forward and backward seconds per micro-batch of ZeRO-3's gathers beyond the
@@ -330,8 +381,7 @@ class LinearLayouts:
         if g is None:
             zero = np.zeros(counts.shape[:2])
             return zero, zero
-        layers = counts.sum(axis=-1).astype(np.int64)
-        start = np.cumsum(layers, axis=1) - layers
+        start, layers = self._table_index(counts)
         out = []
         for middle, last in ((g.middle_f, g.last_f), (g.middle_b, g.last_b)):
             rest = middle[start, layers]
@@ -348,31 +398,57 @@ class LinearLayouts:
             return np.zeros(counts.shape[:2])
         layers = counts.sum(axis=-1)
         held = layers > 0
-        rs = w.rs_const + held * w.rs_first + counts @ w.rs_run
+        jumped = counts[..., w.jump_runs].sum(axis=-1) > 0
+        rs = w.rs_const + held * w.rs_first + jumped * w.rs_jump + counts @ w.rs_run
         compute = w.compute_const + counts @ w.compute_run
         if recomputed is not None:
             compute = compute + recomputed @ self.recompute_s
         used = w.used_const + held * w.used_first + layers * w.used_layer
-        return stage_windows_s(self.ctx, rs, compute, used) - w.linear * rs
+        g = self.gathers
+        if g is not None and g.used_middle is not None:
+            start, count = self._table_index(counts)
+            tabulated = g.used_middle[start, count]
+            tabulated[:, -1] = g.used_last[start[:, -1]]
+            used = used + tabulated
+        return stage_windows_s(self.ctx, rs, compute, used) - w.linear * (rs - jumped * w.rs_jump)
 
-    def _check_times(self) -> None:
-        """Refuse the skeleton where `times` differs from the exact model's stage_times on probe
-        layouts (an even split and layouts piling layers onto single stages)."""
+    def _probe_layouts(self) -> list[StageLayout]:
+        """The layouts _check_times and _check_memory compare on: an even split and layouts
+        piling layers onto single stages (seeded)."""
         n = len(self.ctx.kind_of_layer)
         rng = np.random.default_rng(0)
         probes = [np.bincount(np.arange(n) * self.stages // n, minlength=self.stages)]
         for _ in range(3):
             probes.append(np.bincount(rng.integers(0, self.stages, n), minlength=self.stages))
         mtp = (0,) * (self.stages - 1) + (self.ctx.problem.model.mtp_layers,)
-        for decoders in probes:
-            layout = StageLayout(pp=self.ctx.pp, vp=self.ctx.vp, decoders=tuple(int(d) for d in decoders), mtp=mtp,
-                                 recompute=(0,) * self.stages, vee=self.ctx.vee)
+        return [StageLayout(pp=self.ctx.pp, vp=self.ctx.vp, decoders=tuple(int(d) for d in decoders), mtp=mtp,
+                            recompute=(0,) * self.stages, vee=self.ctx.vee) for decoders in probes]
+
+    def _check_times(self) -> None:
+        """Refuse the skeleton where `times` differs from the exact model's stage_times on probe
+        layouts (_probe_layouts)."""
+        for layout in self._probe_layouts():
             exact = np.add(*stage_times(self.ctx, layout))
-            counts = self.run_counts(decoders[None, :])
+            counts = self.run_counts(np.array([layout.decoders]))
             mine = np.add(*self.times(counts))[:, 0]
             if not np.allclose(mine, exact, rtol=1e-9, atol=1e-12):
                 raise LayoutError("the layout search does not model this skeleton's ZeRO traffic: its linear stage times differ from the "
                                   "exact model's; `mofa evaluate --pipeline-layout` scores a layout under it")
+
+    def _check_memory(self) -> None:
+        """Refuse the skeleton where rank_rows' peaks differ from the exact ledger's
+        (stage_layout.rank_peak_ledger) on probe layouts (_probe_layouts)."""
+        ctx = self.ctx
+        last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
+        for layout in self._probe_layouts():
+            per_rank, mtp, chunks = rank_counts(ctx, layout)
+            recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+            exact = np.array([float(np.asarray(rank_peak_ledger(ctx, r, chunks[r], recomputed[st], r == last_rank, int(mtp[r])).peak).ravel()[0])
+                              for r, st in enumerate(ctx.stages_of)])
+            mine = self.capacity - self.headroom(self.run_counts(np.array([layout.decoders])))[0]
+            if not np.allclose(mine, exact, rtol=1e-9, atol=1024.0):
+                raise LayoutError("the layout search does not model this skeleton's memory: its linear rank peaks differ from the exact "
+                                  "ledger's; `mofa evaluate --pipeline-layout` scores a layout under it")
 
     def run_counts(self, decoders: np.ndarray) -> np.ndarray:
         """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
@@ -447,8 +523,15 @@ class LinearLayouts:
                 np.add.at(per_kind.T, self.kind_of_run, rmine.sum(axis=1).T)
                 working = recompute_working_bytes(self.u, per_kind)[:, None]
             activations = chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head + working
-            out.append(fixed[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
+            out.append((fixed + self.largest_bytes(r, mine))[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
         return out
+
+    def largest_bytes(self, rank: int, mine: np.ndarray) -> np.ndarray:
+        """[K] what rank `rank` adds for the largest layer it holds (self.largest: the most over
+        the kinds it holds), from its run counts [K, chunk, run]."""
+        largest = self.largest[rank][self.kind_of_run]  # [run]
+        held = mine.sum(axis=1) > 0  # [K, run]
+        return (held * largest).max(axis=1, initial=0.0)
 
     def headroom(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""
@@ -526,7 +609,8 @@ def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext,
     scale = 1000.0 / BYTE_SCALE
     envelope = sum(coef * run_counts[s][j] for c, s in enumerate(mine) for j, k in enumerate(int(k) for k in lin.kind_of_run)
                    if (coef := int(math.ceil((base[k] + (1 + lin.frag) * top[c] * act[k]) * scale))))
-    envelope += int(math.ceil((base0 + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
+    # the largest layer's bytes at their most over the kinds (an upper bound: never misses a rank over)
+    envelope += int(math.ceil((base0 + float(lin.largest[rank].max(initial=0.0)) + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
     model.Add(envelope >= int(math.floor(lin.capacity * scale)) + 1).OnlyEnforceIf(enforce)
 
 
@@ -556,6 +640,17 @@ class MemoryRows:
                     kind_count[k].append(run_counts[s][j])
             base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
             trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
+            if lin.largest[r].any():
+                # the largest layer the rank holds: g >= largest_k * y_k, y_k = 1 where the rank
+                # holds a layer of kind k (g only relaxes the rows upward from 0, so its least
+                # value is the max; rounded down, so that the rows stay relaxed)
+                g = model.NewIntVar(0, int(lin.largest[r].max() // BYTE_SCALE), f"g{r}")
+                for k, v in kind_count.items():
+                    if v and lin.largest[r][k] >= BYTE_SCALE:
+                        y = model.NewBoolVar(f"holds{r}_{k}")
+                        model.Add(sum(v) <= n_layers * y)
+                        model.Add(g >= int(lin.largest[r][k] // BYTE_SCALE) * y)
+                base_expr = base_expr + g
             self.rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
             working = 0
             if rc_counts is not None:
@@ -710,7 +805,7 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
     out: list[int] = []
     witness = None  # the previous L's optimal (t, rc): layers and recomputed layers per chunk
     for n in range(most + 1):
-        fixed = base0 + n * base[k]
+        fixed = base0 + n * base[k] + (lin.largest[rank][k] if n else 0.0)
         if fixed + (1 + lin.frag) * (trans0 + n * trans[k]) > lin.capacity:  # recompute does not lower this row
             break
         room = (lin.capacity - fixed) / (1 + lin.frag)  # bytes the activations may take

@@ -212,7 +212,7 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
             b_expr[s] += int(round(lin.first_backward_s[s] * TIME_SCALE)) * held[s]
     # ZeRO-3 with more than one kind of layer: each stage's gathers beyond the linear terms, by
     # table (LinearLayouts.gathers) at the stage's first layer and its layer count
-    gather_max_s = 0.0
+    gather_max_s, table_index = 0.0, []
     if lin.gathers is not None:
         g = lin.gathers
         for s in range(stages):
@@ -222,6 +222,7 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
                 by_pass = (g.middle_f.ravel(), g.middle_b.ravel())
             else:
                 index, by_pass = (prefix[s - 1] if s else 0), (g.last_f, g.last_b)
+            table_index.append(index)
             for expr, table in zip((f_expr, b_expr), by_pass):
                 if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
                     continue
@@ -233,7 +234,8 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
     window, window_max_s, extra_err_ns = [0] * stages, 0.0, 1.0 if lin.gathers is not None else 0.0
     if lin.windows is not None:
-        window, window_max_s, extra_err_ns = window_vars(model, ctx, lin, run_counts, rc_counts, held)
+        window, window_max_s, window_err_ns = window_vars(model, ctx, lin, run_counts, rc_counts, held, table_index)
+        extra_err_ns += window_err_ns
         for s in range(stages):
             b_expr[s] += window[s]
 
@@ -283,20 +285,36 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
 
 
 def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts, run_counts: list, rc_counts: list,
-                held: list) -> tuple[list, float, float]:
+                held: list, table_index: list) -> tuple[list, float, float]:
     """Each stage's earlier gradient windows beyond LinearLayouts' linear terms, in integer ns
     (LinearLayouts.window_s, WindowTerms): E_s >= max(B_s - G_r, (alpha - 1) min(G_r, B_s)) over
     B_s = beta * rs_s and G_r = max(gap_r, 0) (costmodel.overlap.beyond_window), a min and a
-    max of affine forms, less the (alpha - 1) / alpha B_s the linear terms hold (rounded up, so
-    that the rest is never priced above its value); a stage's backward gains (windows - 1) / m
-    of it. Returns (per stage the ns variable, the most seconds one can add, the rounding error
-    of one op in ns, for the search's slack)."""
+    max of affine forms, less the (alpha - 1) / alpha B_s the linear terms hold (of B_s without
+    its jump, the experts' collective; rounded up, so that the rest is never priced above its
+    value); a stage's backward gains (windows - 1) / m of it. Without DP overlap the rest is the
+    jump alone. With tabulated gathers (table_index: each stage's GatherTables index) the
+    prefetches' overlap in G_r comes from their tables. Returns (per stage the ns variable, the
+    most seconds one can add, the rounding error of one op in ns, for the search's slack)."""
     w, coef = lin.windows, ctx.problem.hardware.efficiency.dp_overlap
     stages, pp, vp, m = lin.stages, ctx.pp, ctx.vp, float(ctx.microbatches)
     n_layers = len(ctx.kind_of_layer)
     runs = range(len(lin.runs))
     ns = lambda v: int(round(float(v) * TIME_SCALE))  # noqa: E731
-    rs_max_s = float((w.rs_const + w.rs_first).max() + w.rs_run.max() * n_layers)
+    # -- each stage holds a layer that starts the jump's collective (an experts' layer): a boolean
+    jumped = []
+    for s in range(stages):
+        if not w.rs_jump[s] or not w.jump_runs.any():
+            jumped.append(0)
+            continue
+        h = model.NewBoolVar(f"jumped{s}")
+        starting = sum(run_counts[s][j] for j in runs if w.jump_runs[j])
+        model.Add(starting >= 1).OnlyEnforceIf(h)
+        model.Add(starting == 0).OnlyEnforceIf(h.Not())
+        jumped.append(h)
+    if not w.overlap:  # rs exposed whole: the linear terms hold all of it but the jump
+        out = [int(math.floor(w.linear * w.rs_jump[s] * TIME_SCALE)) * jumped[s] for s in range(stages)]
+        return out, w.linear * float(w.rs_jump.max()), 1.0
+    rs_max_s = float((w.rs_const + w.rs_first + w.rs_jump).max() + w.rs_run.max() * n_layers)
     share = (w.windows - 1.0) / m  # of one stage's E_s in each of its backward passes
     scale = Fraction(share).limit_denominator(10**6)
     if scale > Fraction(share):  # never above it: (windows - 1) / m is exact where windows is an integer
@@ -309,39 +327,50 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
     per_used = -float(window_compute_s(m, 0.0, 1.0, w.windows, vp))
     gap_max_s = per_gap * float(w.compute_const.sum() + (w.compute_run.max() + float(lin.recompute_s.max(initial=0.0))) * n_layers)
     # the domains' ends, with the rounding of their terms (<= 0.5 ns per layer and constant)
-    b_max, g_max = ns(beta * rs_max_s) + n_layers + 3, ns(gap_max_s) + 2 * n_layers + 2 * stages + 2
+    b_max, g_max = ns(beta * rs_max_s) + n_layers + 4, ns(gap_max_s) + 2 * n_layers + 3 * stages + 2
     e_max = int(max(1.0, alpha - 1.0) * b_max) + 1
+    # -- the prefetches' overlap of each stage, by table where the gathers are tabulated
+    used = [0] * stages
+    g = lin.gathers
+    if g is not None and g.used_middle is not None:
+        for s in range(stages):
+            table = g.used_middle.ravel() if s < stages - 1 else g.used_last
+            values = [ns(per_used * v) for v in table]
+            used[s] = model.NewIntVar(min(values), max(values), f"used{s}")
+            model.AddElement(table_index[s], values, used[s])
     gaps = []
     # -- each rank's gap: its compute between two windows less its prefetches' overlap, >= 0
     for r in range(pp):
         mine = ctx.stages_of[r]
-        gap = sum(ns(per_gap * w.compute_const[s]) - ns(per_used * w.used_const[s]) for s in mine)
+        gap = sum(ns(per_gap * w.compute_const[s]) - ns(per_used * w.used_const[s]) - used[s] for s in mine)
         gap += sum((ns(per_gap * w.compute_run[j]) - ns(per_used * w.used_layer)) * run_counts[s][j] for s in mine for j in runs)
         gap += sum(-ns(per_used * w.used_first[s]) * held[s] for s in mine)
         gap += sum(ns(per_gap * lin.recompute_s[j]) * rc_counts[s][j] for s in mine for j in runs if not isinstance(rc_counts[s][j], int))
-        g = model.NewIntVar(0, g_max, f"gap{r}")
-        model.AddMaxEquality(g, [gap, 0])
-        gaps.append(g)
+        gv = model.NewIntVar(0, g_max, f"gap{r}")
+        model.AddMaxEquality(gv, [gap, 0])
+        gaps.append(gv)
     # -- each stage's reduce-scatter, what it exposes, and the rest beyond the linear terms
     rank_of = stage_ranks(pp, vp, ctx.vee)
     out = []
     for s in range(stages):
         b = model.NewIntVar(0, b_max, f"rs{s}")  # beta * rs_s
-        model.Add(b == ns(beta * w.rs_const[s]) + ns(beta * w.rs_first[s]) * held[s] + sum(ns(beta * w.rs_run[j]) * run_counts[s][j] for j in runs))
+        jump = ns(beta * w.rs_jump[s]) * jumped[s]
+        model.Add(b == ns(beta * w.rs_const[s]) + ns(beta * w.rs_first[s]) * held[s] + jump
+                  + sum(ns(beta * w.rs_run[j]) * run_counts[s][j] for j in runs))
         low = model.NewIntVar(0, b_max, f"overlapped{s}")
         model.AddMinEquality(low, [gaps[rank_of[s]], b])
         e = model.NewIntVar(0, e_max, f"exposed{s}")
         model.Add(e >= b - gaps[rank_of[s]])
         model.Add(q * e >= excess_q * low)
         rest = model.NewIntVar(0, e_max, f"rest{s}")
-        model.Add(q * rest >= q * e - linear_q * b)
+        model.Add(q * rest >= q * e - linear_q * (b - jump))
         grown = model.NewIntVar(0, int(share * e_max) + 2, f"window{s}")
         model.Add(scale.denominator * grown >= scale.numerator * rest)
         out.append(grown)
     # rounding per op: B_s (its terms, <= 0.5 ns per layer and constant) and G_r (per layer of
-    # the rank, recomputed or not, and its constants), each weighing up to max(1, alpha - 1) in
-    # E_s; the two shares of q; the integer E_s and rest; the final ceiling
-    err = share * (max(1.0, alpha - 1.0) * (0.5 * (2 + n_layers) + 0.5 * (2 * stages + 3 * n_layers)) + 2 * b_max / q + 2.0) + 1.0
+    # the rank, recomputed or not, its constants and tabulated overlaps), each weighing up to
+    # max(1, alpha - 1) in E_s; the two shares of q; the integer E_s and rest; the final ceiling
+    err = share * (max(1.0, alpha - 1.0) * (0.5 * (3 + n_layers) + 0.5 * (3 * stages + 3 * n_layers)) + 2 * b_max / q + 2.0) + 1.0
     return out, share * e_max / TIME_SCALE, err
 
 
@@ -606,7 +635,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     add_rows = rows.add_broken
     # a rank's recompute only slows it, except under gradient windows: its recomputed layers
     # widen the gap its stages' reduce-scatters hide behind, so one may speed the layout up
-    recompute_dominated = lin.windows is None
+    # (with DP overlap: without, nothing hides and the windows do not depend on the gap)
+    recompute_dominated = lin.windows is None or not lin.windows.overlap
     if recompute and level is None and tables is None and recompute_dominated:
         # a rank recomputes only where it must (with one kind of layer the rank tables above
         # already price what its memory forces, and these 16 more booleans slowed the rounds:

@@ -110,12 +110,16 @@ def assert_linear_times_are_exact(ctx, lin):
     return layouts, counts
 
 
-@pytest.mark.parametrize("columns", [
+# ZeRO-2 with and without DP overlap, ZeRO-3 kept and freed after the forward: the window tests' sharding
+SHARDINGS = pytest.mark.parametrize("columns", [
     dict(zero_stage=2, dp_overlap=1),
     dict(zero_stage=2, dp_overlap=0),
     dict(zero_stage=3, reshard_after_forward=0, dp_overlap=1),
     dict(zero_stage=3, reshard_after_forward=1, dp_overlap=1),
 ], ids=["zero2", "zero2-no-overlap", "zero3-kept", "zero3-freed"])
+
+
+@SHARDINGS
 def test_gradient_windows_are_searched_and_match_enumeration(tmp_path, columns):
     """ZeRO-2/3 on interleaved 1F1B with 8 gradient windows per stage (16 micro-batches, rounds
     of 2): a stage's earlier windows reduce-scatter its gradients behind its rank's compute
@@ -229,9 +233,8 @@ def test_gradient_windows_make_recompute_pay_where_memory_does_not_force_it(tmp_
 def test_zero_layouts_the_search_does_not_model_are_refused_and_scored(tmp_path):
     """Where a stage's ZeRO traffic is not piecewise linear in its layers the search refuses the
     skeleton by name (`mofa solve --pipeline-layouts` reports it as `refused`), where the scorer
-    prices any layout (`mofa evaluate --pipeline-layout`): ZeRO-2 with gradient windows and MoE
-    layers (the experts' reduce-scatter starts with a stage's first MoE layer), and DualPipeV's
-    window per micro-batch. A stage's traffic grows with its layers."""
+    prices any layout (`mofa evaluate --pipeline-layout`): DualPipeV's gradient window per
+    micro-batch. A stage's traffic grows with its layers."""
     import numpy as np
 
     from costmodel.specs import PP_SCHEDULES
@@ -239,27 +242,66 @@ def test_zero_layouts_the_search_does_not_model_are_refused_and_scored(tmp_path)
     from optimizer.layout_linear import LinearLayouts
     from optimizer.layout_search import layout_report
 
-    moe = tmp_path / "tiny.yaml"
-    moe.write_text(TINY)
-    problem = load_problem(str(moe), [])
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4, zero_stage=2, dp_overlap=1,
-                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"))
-    ctx = layout_context(problem, cfg)
-    with pytest.raises(LayoutError, match=r"does not model zero_stage 2 here: .*first layer of one kind \(its experts'\)"):
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    problem = load_problem(str(path), [])
+    vee = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=2, dp_overlap=1, pp_schedule=PP_SCHEDULES.index("dualpipev"))
+    ctx = layout_context(problem, vee)
+    with pytest.raises(LayoutError, match=r"DualPipeV's gradient windows \(16 per stage per step\)"):
         LinearLayouts(ctx)
-    report, layout = layout_report(problem, cfg, 1.0)
-    assert "its experts'" in report["refused"] and layout is None
-    plain = layout_context(problem, ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4, zero_stage=1,
-                                                             pp_schedule=PP_SCHEDULES.index("interleaved_1f1b")))
-    heavy = StageLayout.from_stage_sizes(2, 2, [1, 1, 1, 4], 1)
+    report, layout = layout_report(problem, vee, 1.0)
+    assert "DualPipeV's gradient windows" in report["refused"] and layout is None
+    plain = layout_context(problem, ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=1,
+                                                             pp_schedule=PP_SCHEDULES.index("dualpipev")))
+    heavy = StageLayout.from_stage_sizes(2, 2, [1, 1, 1, 5], 0, vee=True)
     sharded, unsharded = np.add(*stage_times(ctx, heavy)), np.add(*stage_times(plain, heavy))
     assert (sharded > unsharded).all() and np.argmax(sharded - unsharded) == 3
     assert score_layout(ctx, heavy).fits
-    path = tmp_path / "tiny_dense.yaml"
-    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
-    vee = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, zero_stage=2, dp_overlap=1, pp_schedule=PP_SCHEDULES.index("dualpipev"))
-    with pytest.raises(LayoutError, match=r"DualPipeV's gradient windows \(16 per stage per step\)"):
-        LinearLayouts(layout_context(load_problem(str(path), []), vee))
+
+
+@SHARDINGS
+def test_gradient_windows_with_moe_layers_are_searched_and_match_enumeration(tmp_path, columns):
+    """DeepSeek-V3's kinds (3 dense and 4 MoE layers, an MTP module on the last stage) under
+    ZeRO-2/3 on interleaved 1F1B with 8 gradient windows per stage: a stage's reduce-scatter
+    starts the experts' collective with its first MoE layer (WindowTerms.rs_jump, a boolean per
+    stage in CP-SAT; without DP overlap the jump is all the windows add beyond the linear terms),
+    and under ZeRO-3 a stage gathers its mean layer, so the compute its prefetches overlap comes
+    by table (GatherTables.used_*). Freed after the forward, a rank holds the gathered copies of
+    its largest layer, a jump at its first layer of a kind (LinearLayouts.largest). The model
+    prices every layout's passes and every rank's peak as the scorer does (relative 1e-12;
+    1 KiB), the jump is there to model, and the search certifies enumeration's optimum, roomy and
+    at the median layout's peak (tolerance 1e-6 relative: integer nanoseconds).
+    `mofa solve --pipeline-layouts` searches it (it was refused) and never does worse than the
+    split."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_search import layout_report
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
+
+    def sharded(memory_mib):
+        return layout_context(load_problem(str(path), [f"hardware.memory_mib={memory_mib}"]), cfg)
+
+    roomy = sharded(81559)
+    lin = LinearLayouts(roomy)
+    assert lin.windows.windows == 8 and lin.windows.jump_runs.tolist() == [False, True]
+    assert (lin.windows.rs_jump[:-1] > 0).all() and lin.windows.rs_jump[-1] == 0  # the last stage's MTP module holds experts
+    assert (lin.gathers is not None and lin.gathers.used_middle is not None) == (columns["zero_stage"] == 3)
+    layouts, counts = assert_linear_times_are_exact(roomy, lin)
+    assert (lin.window_s(counts) >= 0).all()
+    peaks = np.array([score.peak_bytes for _, score in layouts])
+    assert lin.capacity - lin.headroom(counts) == pytest.approx(peaks, rel=1e-12, abs=1024)
+    assert any(x.any() for x in lin.largest) == bool(columns.get("reshard_after_forward"))
+    median = int(np.sort(peaks.max(axis=1))[len(peaks) // 2] / 2**20)
+    for memory_mib in (81559, median):
+        assert_certifies_enumeration_optimum(sharded(memory_mib))
+    report, _ = layout_report(roomy.problem, cfg, 5.0)
+    assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
 
 
 @pytest.mark.parametrize("schedule,pp,vp", [("1f1b", 4, 1), ("afab", 2, 2)])
@@ -327,8 +369,8 @@ def test_zero_3_with_two_kinds_of_layer_matches_enumeration(tmp_path, schedule, 
     (LinearLayouts.gathers, an element constraint per stage and pass in CP-SAT) above linear
     terms that stay below every entry. The model prices every layout's passes as the scorer
     does, and the search certifies enumeration's optimum, roomy and at the median layout's peak,
-    kept after the forward and freed after it, and with recompute chosen per stage; with 8
-    windows per stage (interleaved, 16 micro-batches) the skeleton is refused by name."""
+    kept after the forward and freed after it, and with recompute chosen per stage (8 windows
+    per stage: test_gradient_windows_with_moe_layers_are_searched_and_match_enumeration)."""
     from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
 
@@ -352,8 +394,6 @@ def test_zero_3_with_two_kinds_of_layer_matches_enumeration(tmp_path, schedule, 
         assert_certifies_enumeration_optimum(zero_3(memory_mib))
     # with recompute chosen per stage too (layer and recompute counts enumerated)
     assert_certifies_enumeration_optimum(zero_3(81559, recompute=2, recompute_method=1, recompute_layers=1))
-    with pytest.raises(LayoutError, match="mean layer, with more than one kind of decoder layer, and 8 gradient windows"):
-        LinearLayouts(zero_3(81559, pp=2, vp=2, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b")))
 
 
 @pytest.mark.parametrize("memory_mib", [81559, 38000, 36000])
