@@ -21,6 +21,7 @@ at each of its layer totals (least_recompute) is what memory forces on every lay
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -369,6 +370,22 @@ class LinearLayouts:
         self.gathers = GatherTables(middle_f=rests[0][0], middle_b=rests[1][0], last_f=rests[0][1], last_b=rests[1][1],
                                     used_middle=used_middle, used_last=used_last if windows else None)
 
+    def without_stage_jumps(self) -> "LinearLayouts | None":
+        """A copy whose stage times leave out what a stage pays for holding a layer beyond the
+        per-layer terms: ZeRO-3's exposed first gather, the gather tables' rest and the gradient
+        windows' rest (each >= 0; the windows' linear share per layer stays). It prices every
+        layout at most at its makespan and needs no boolean per stage in CP-SAT (what slows its
+        rounds: solve_layout's relaxed_bound). None where it has none to leave out, or where a
+        first-layer term is negative (leaving it out would not relax)."""
+        if self.windows is None and self.gathers is None and not (self.first_forward_s.any() or self.first_backward_s.any()):
+            return None
+        if min(self.first_forward_s.min(), self.first_backward_s.min()) < -1e-12:  # float dust aside
+            return None
+        plain = copy.copy(self)
+        plain.first_forward_s, plain.first_backward_s = np.zeros(self.stages), np.zeros(self.stages)
+        plain.windows, plain.gathers = None, None
+        return plain
+
     def _table_index(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([K, stage] first layer, [K, stage] layers) of K layouts' run counts: GatherTables' index."""
         layers = counts.sum(axis=-1).astype(np.int64)
@@ -532,6 +549,26 @@ class LinearLayouts:
         largest = self.largest[rank][self.kind_of_run]  # [run]
         held = mine.sum(axis=1) > 0  # [K, run]
         return (held * largest).max(axis=1, initial=0.0)
+
+    def most_layers(self) -> np.ndarray:
+        """[stage] the most layers a stage holds in any layout that fits: its rank's fixed bytes
+        and, in the in-flight row that holds its chunk most, its activations, per layer of the
+        kind cheapest at that (what recompute drops off included), against the room the rank's
+        constant leaves (rank_rows' terms; the rest of the row >= 0, so a lower bound on the
+        peak)."""
+        out = np.full(self.stages, len(self.ctx.kind_of_layer), dtype=np.int64)
+        kinds = sorted(set(self.kind_of_run.tolist()))
+        act = self.u["kind_activation"] - (self.u["kind_dropped"] if self.recompute else 0.0)
+        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
+            if min(base[k] for k in kinds) < 0:
+                continue  # a layer elsewhere on the rank could lower its peak: no bound from it
+            held = np.asarray(self.ctx.held[r], dtype=float)
+            for c, s in enumerate(self.ctx.stages_of[r]):
+                top = float(held[:, c].max(initial=0.0))
+                per_layer = min(float(base[k] + (1 + self.frag) * top * max(act[k], 0.0)) for k in kinds)
+                if per_layer > 0:
+                    out[s] = min(out[s], max(int(math.floor((self.capacity - base0) / per_layer)), 0))
+        return out
 
     def headroom(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""

@@ -215,9 +215,16 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     gather_max_s, table_index = 0.0, []
     if lin.gathers is not None:
         g = lin.gathers
+        most = np.minimum(lin.most_layers(), n_layers if max_layers is None else max_layers)
         for s in range(stages):
             if s < stages - 1:
-                index = model.NewIntVar(0, (n_layers + 1) ** 2 - 1, f"run{s}")
+                # only the runs that exist (start + t <= n) and fit (t <= the most layers the
+                # stage holds in a layout that fits): CP-SAT presolves an element into a literal
+                # per value of its index (DeepSeek-V3 on pp 16 x vp 2 under FSDP: 73k literals,
+                # 3.3 s of presolve past a 1.5 s limit, over the whole square)
+                runs_here = [start * (n_layers + 1) + count for start in range(n_layers + 1)
+                             for count in range(min(int(most[s]), n_layers - start) + 1)]
+                index = model.NewIntVarFromDomain(cp_model.Domain.FromValues(runs_here), f"run{s}")
                 model.Add(index == (prefix[s - 1] if s else 0) * (n_layers + 1) + t[s])
                 by_pass = (g.middle_f.ravel(), g.middle_b.ravel())
             else:
@@ -282,6 +289,64 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
                     model.Add((n2 - n1) * again >= (f2 - f1) * total[k] + (f1 * n2 - f2 * n1))
         model.Add(z >= ctx.microbatches * (sum(per_layer[k] * total[k] for k in kinds_used) + const + recomputing + sum(window[s] for s in mine)))
     return lm
+
+
+def model_slack_s(ctx: LayoutContext, lm: LayoutModel) -> float:
+    """How far the integer model can price a path off its seconds: a path of <= 2*m*stages ops,
+    each off by <= 0.5 ns per rounded term (its constants; its layers and recomputed layers per
+    kind-run, times their counts, which sum to <= 2*m*n layers along a path, each stage visited
+    <= 2*m times), and the windows' and gather tables' error per op (lm.extra_err_ns)."""
+    stages, n_layers = ctx.pp * ctx.vp, len(ctx.kind_of_layer)
+    runs = len(kind_runs(ctx.kind_of_layer))
+    terms = max(stages * runs, n_layers) * (2 if ctx.recompute_allowed else 1) + stages * (1 + lm.first_gather)
+    return (0.5 * 2 * ctx.microbatches * terms + 2 * ctx.microbatches * stages * lm.extra_err_ns) / TIME_SCALE
+
+
+def relaxed_bound(ctx: LayoutContext, lin: LinearLayouts, incumbent: StageLayout, time_limit_s: float, workers: int, paths=(),
+                  min_layers: int = 0, max_layers: int | None = None, chunk_spread: int | None = None,
+                  round_limit_s: float = 4.0) -> tuple[float | None, set]:
+    """A lower bound on the makespan of every layout that fits, from the search's model without
+    what a stage pays for holding a layer (LinearLayouts.without_stage_jumps: ZeRO-3's exposed
+    first gather, the gather tables' and the gradient windows' rest, all >= 0, so the model
+    prices every layout at most at its makespan), and the paths it found: cuts for the search's
+    own model. Those terms are small (microseconds to milliseconds an op) but each needs a
+    boolean per stage, whose LP prices a stage's jump at a fraction, so CP-SAT branches on them in
+    every round (DeepSeek-V3 on pp 16 x vp 2 under ZeRO-2, 30 windows per stage: one round in 10
+    s, a 9.8% gap); without them the rounds close within seconds, on the least relaxed makespan,
+    which is below the optimum by at most the jumps along its path.
+    Rounds as the free search's, on relaxed times: CP-SAT's answers priced below the goal (at
+    first the incumbent's relaxed makespan) bring their longest paths as cuts and the memory rows
+    they break, and one that fits with a relaxed makespan below the goal becomes it; INFEASIBLE
+    proves the goal less 2 slack. `paths`: the search's cuts so far (op counts per stage, priced
+    here on relaxed times). (None, set()) where there is nothing to leave out."""
+    start = time.perf_counter()
+    plain = lin.without_stage_jumps()
+    if plain is None:
+        return None, set()
+    lm = build_layout_model(ctx, plain, min_layers, max_layers, chunk_spread, paths=paths)
+    slack = model_slack_s(ctx, lm)
+    rows = MemoryRows(lm.model, ctx, plain, lm.run_counts, lm.rc_counts if ctx.recompute_allowed else None)
+    vector = incumbent.decoders + incumbent.recompute
+    rows.add_broken(vector)
+    goal = float(plain.screen([vector]).makespan_s[0])
+    bound = None
+    while (left := time_limit_s - (time.perf_counter() - start)) > 0.05:
+        status, proved, answers = round_below(lm.model, lm.z, lm.vars_, goal, slack, left, workers, under_s=slack,
+                                              answers_by_s=answers_by(round_limit_s, left))
+        bound = max(bound if bound is not None else -math.inf, proved)
+        if status == cp_model.INFEASIBLE or not answers:
+            break  # proved the goal, or the time is out
+        screened = plain.screen(answers)
+        new = False
+        for k, (n_f, n_b) in enumerate(screened.paths()):
+            new |= lm.cut(n_f, n_b)
+            if not screened.fits[k]:
+                new |= rows.add_broken(answers[k])
+            elif screened.makespan_s[k] < goal:
+                goal, new = float(screened.makespan_s[k]), True
+        if not new:  # nothing learnt (integer rounding): exclude them
+            lm.model.AddForbiddenAssignments(lm.vars_, answers)
+    return bound, lm.cuts
 
 
 def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts, run_counts: list, rc_counts: list,
@@ -499,7 +564,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  max_layers: int | None = None, chunk_spread: int | None = None, local: bool = True,
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
                  scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75,
-                 split_fraction: float | None = None, rank_tables: bool = True, table_cache: dict | None = None) -> LayoutSolution:
+                 split_fraction: float | None = None, rank_tables: bool = True, table_cache: dict | None = None,
+                 relax_fraction: float = 0.4) -> LayoutSolution:
     """The layout minimising the simulated pipeline makespan of `ctx`'s skeleton under every
     rank's memory (MTP modules on the last stage; `min_layers`: the least decoder layers per
     stage). The step adds the exposed P2P (the skeleton's) and the busiest rank's DP reduce and
@@ -568,6 +634,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     rest. The bound reported is the best of CP-SAT's, the region LP's and work_bound_s
     (bound_source says which): a search whose CP-SAT rounds prove nothing in time still
     carries a proven gap.
+    relax_fraction: the share of the time left after the local search given to relaxed_bound
+    (skeletons whose stages pay for holding a layer: ZeRO-3's first gather, the gather tables,
+    the gradient windows; with an incumbent): the model without those jumps, whose rounds close
+    where the jumps' booleans stall the search's own, its bound a floor for them (z >= it) and its
+    paths their cuts (DeepSeek-V3 on pp 16 x vp 2, 30 windows per stage: ZeRO-2 9.8% -> 0.007%
+    in 10 s, FSDP kept after the forward 12.9% -> 1.1%; the jumps along a path are what is left).
     split_fraction: the share of the time left after the local search given to
     recompute_split_bound (skeletons with recompute, with an incumbent): recompute as a yes/no
     per rank, where a rank that recomputes is over its capacity without it and pays at least
@@ -696,14 +768,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         settled = by_levels()
         if settled is not None:
             return settled
-    # integer nanoseconds: a path of <= 2*m*stages ops, each off by <= 0.5 ns per rounded term
-    # (its constants; its layers and recomputed layers per kind-run, times their counts, which
-    # sum to <= 2*m*n layers along a path, each stage visited <= 2*m times), and the windows'
-    terms = max(stages * len(runs), n_layers) * (2 if recompute else 1) + stages * (1 + lm.first_gather)
-    slack = (0.5 * 2 * ctx.microbatches * terms + 2 * ctx.microbatches * stages * lm.extra_err_ns) / TIME_SCALE
+    slack = model_slack_s(ctx, lm)
     bound, rounds, proven, stalled = 0.0, 0, False, False
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector
+    relaxed_floor = None  # what relaxed_bound proved, for every layout
     interrupted = False
     try:  # Ctrl-C from here on: the incumbent and the bound proven so far, as a time limit would
         # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
@@ -783,13 +852,27 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             counts, recomputed = lin.layout_counts(np.array(inc.layout.decoders + inc.layout.recompute)[None])
             for n_f, n_b in dwell_paths(ctx, tuple(x[:, 0] for x in lin.times(counts, recomputed if recompute else None))):
                 cut(n_f, n_b)
+        relax_budget = relax_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+        if refine and inc.layout is not None and not graph and level is None and relax_budget >= 0.5 and lin.without_stage_jumps() is not None:
+            # the model without the per-stage jumps (relaxed_bound): its rounds close where the
+            # jumps' booleans keep these from it; its bound holds for every layout (z >= it) and
+            # its paths are cuts here
+            relaxed, relaxed_paths = relaxed_bound(ctx, lin, inc.layout, relax_budget, workers, cuts, min_layers, max_layers,
+                                                   chunk_spread, round_limit_s)
+            for n_f, n_b in sorted(relaxed_paths):
+                cut(np.array(n_f), np.array(n_b))
+            if relaxed is not None:
+                relaxed_floor = relaxed
+                bound = max(bound, relaxed)
+                model.Add(z >= int(math.floor(relaxed * TIME_SCALE)))
+                proven = relaxed >= layout_makespan(inc.score) - 2 * slack
         if inc.layout is not None and inc.layout.any_recompute:
             # the region's LP leaves recompute out, so it cannot reach an incumbent that pays for
             # some: the region's integer rows for CP-SAT, and the time to its rounds (Llama 3 405B
             # cp 1, per-chunk recompute, free phase of two_phase: 11.5% -> 6.3-6.6%)
             region_fraction = min(region_fraction, 0.3)
         region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
-        if refine and inc.layout is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0:
+        if refine and inc.layout is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0 and not proven:
             lp_bound, proven = region_bound(ctx, lin, lm, inc.score, layout_makespan(inc.score) - 2 * slack, slack, region_budget,
                                             tables, min_layers, max_layers)
             if lp_bound is not None:
@@ -897,7 +980,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     if paths is not None:
         paths.update(cuts)
     makespan = layout_makespan(inc.score)
-    source = "rank-lp" if lp_bound is not None and bound <= lp_bound else "recompute-split" if split_bound is not None and bound <= split_bound else "cp-sat"
+    source = ("rank-lp" if lp_bound is not None and bound <= lp_bound else "recompute-split" if split_bound is not None and bound <= split_bound
+              else "relaxed" if relaxed_floor is not None and bound <= relaxed_floor else "cp-sat")
     if not proven:
         floor = work_bound_s(ctx, lin) - slack
         if floor > bound:

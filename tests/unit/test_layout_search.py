@@ -304,6 +304,65 @@ def test_gradient_windows_with_moe_layers_are_searched_and_match_enumeration(tmp
     assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
 
 
+@SHARDINGS
+def test_relaxed_bound_holds_for_every_layout(tmp_path, columns):
+    """The search's model without what a stage pays for holding a layer (ZeRO-3's exposed first
+    gather, the gather tables' and the windows' rest: LinearLayouts.without_stage_jumps) prices
+    every layout's passes at most as the scorer does, and relaxed_bound, from the slowest layout
+    that fits as its incumbent, proves a bound that no layout that fits beats (every layout
+    enumerated; DeepSeek-V3's kinds under ZeRO-2/3, 8 windows per stage, the GPU at the median
+    layout's peak) and that reaches the least relaxed makespan of the layouts that fit, less its
+    two slacks (the rounds close on so small a model). Every layout that fits holds at most
+    LinearLayouts.most_layers per stage (what bounds the gather tables' index domains)."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_search import build_layout_model, model_slack_s, relaxed_bound
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
+    roomy = layout_context(load_problem(str(path), []), cfg)
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy))
+    ctx = layout_context(load_problem(str(path), [f"hardware.memory_mib={int(peaks[len(peaks) // 2] / 2**20)}"]), cfg)
+    lin = LinearLayouts(ctx)
+    plain = lin.without_stage_jumps()
+    scored = [(layout, score) for layout, score in enumerate_layouts(ctx) if score.fits]
+    vectors = np.array([layout.decoders + layout.recompute for layout, _ in scored])
+    relaxed = plain.times(*lin.layout_counts(vectors)[:1])
+    exact = lin.times(*lin.layout_counts(vectors)[:1])
+    assert (relaxed[0] <= exact[0] * (1 + 1e-12)).all() and (relaxed[1] <= exact[1] * (1 + 1e-12)).all()
+    assert (relaxed[1] < exact[1]).any()  # something left out
+    assert (vectors[:, :lin.stages] <= lin.most_layers()).all()  # the gather tables' index domains hold every fitting layout
+    makespans = [score.pipeline_s - score.pp_exposed_s for _, score in scored]
+    slowest = scored[int(np.argmax(makespans))][0]
+    bound, paths = relaxed_bound(ctx, lin, slowest, 10.0, 2)
+    assert paths and bound <= min(makespans) * (1 + 1e-9)
+    slack = model_slack_s(ctx, build_layout_model(ctx, plain))
+    assert bound >= float(plain.screen(vectors).makespan_s.min()) - 2 * slack - 1e-12
+
+
+def test_most_layers_binds_where_memory_does():
+    """LinearLayouts.most_layers (each stage's most layers in a layout that fits: its rank's
+    fixed bytes and the activations of its most-held chunk per layer, a lower bound on the
+    peak; enumerated as valid in test_relaxed_bound_holds_for_every_layout) binds on
+    DeepSeek-V3 under FSDP on pp 16 x vp 2 (2048 device B, 64 GB): the first chunks, whose
+    micro-batches stay in flight longest, hold at most 4 layers, far below 61, and the layouts
+    of the bench's answers (2 per stage) within; the tables' index domains shrink with it."""
+    import os
+
+    from optimizer.layout_linear import LinearLayouts
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ds = load_problem(os.path.join(root, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"])
+    cfg = ConfigBatch.from_columns(2048, tp=4, pp=16, vp=2, ep=64, mbs=1, first_layers=2, last_layers=3, pp_overlap=1, dp_overlap=1,
+                                   zero_stage=3, reshard_after_forward=0)
+    most = LinearLayouts(layout_context(ds, cfg)).most_layers()
+    assert most[:9].max() <= 4 and (most >= 2).all() and most.max() < 61
+
+
 @pytest.mark.parametrize("schedule,pp,vp", [("1f1b", 4, 1), ("afab", 2, 2)])
 def test_zero_2_with_one_window_per_stage_matches_enumeration(tmp_path, schedule, pp, vp):
     """ZeRO-2 (Llama 3's sharding) where every stage reduces its gradients once per step (1F1B,
