@@ -119,27 +119,6 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[tuple[float, np.nd
     return (base0, base, trans0, trans, head, mtp_act), largest
 
 
-def check_linear(ctx: LayoutContext) -> None:
-    """Refuse skeletons whose stage times the search does not hold: DualPipeV's V under ZeRO-2/3
-    with a gradient window per micro-batch (its own search, layout_vee, holds stage times
-    linear). What is left adds per stage a fixed exposed first gather where it holds a layer
-    (ZeRO-3: once per window kept after the forward, every micro-batch freed after it) and a
-    prefetch per layer, or with more than one kind of layer the gathers of the stage's mean
-    layer, by table (LinearLayouts.gathers, GatherTables); and where a stage reduces its
-    gradients more than once per step (the interleaved schedule with more micro-batches than a
-    round) its earlier windows' reduce-scatters hidden behind its rank's compute between two
-    windows: a max and a min of affine forms (LinearLayouts.windows, WindowTerms), with the
-    experts' collective starting at a stage's first MoE layer (a boolean per stage) and, with
-    tabulated gathers, their prefetches' overlap by the same tables. LinearLayouts checks its
-    times against the exact model's on probe layouts and refuses where they differ."""
-    cfg = ctx.cfg
-    windows = float(grad_windows(cfg, np.array([float(ctx.microbatches)]))[0])
-    if cfg.derived().any_zero2 and windows > 1 and ctx.vee:
-        raise LayoutError(f"the layout search does not model zero_stage {int(cfg.zero_stage[0])} here: the reduce-scatters of DualPipeV's "
-                          f"gradient windows ({windows:g} per stage per step) are not linear in a stage's layers (supported: ZeRO 0-3 "
-                          "outside DualPipeV's windows); `mofa evaluate --pipeline-layout` scores a layout under it")
-
-
 @dataclasses.dataclass(frozen=True)
 class WindowTerms:
     """ZeRO-2/3's earlier gradient windows (costmodel.stage_layout.stage_windows_s) in the form
@@ -210,10 +189,20 @@ class LinearLayouts:
     layouts: layers of each kind-run per stage (clipped prefix sums), per-stage forward and
     backward seconds (chunk_times' composition) and the rank memory test of rank_memory_terms.
     The local search screens neighbours with it; the exact model (score_layout) has the last
-    word on what fits."""
+    word on what fits.
+    ZeRO-2/3's traffic inside the pipeline, where the skeleton has it: per stage a fixed exposed
+    first gather where it holds a layer (ZeRO-3: once per window kept after the forward, every
+    micro-batch freed after it) and a prefetch per layer, or with more than one kind of layer the
+    gathers of the stage's mean layer, by table (`gathers`, GatherTables); and where a stage
+    reduces its gradients more than once per step (the interleaved schedule with more
+    micro-batches than a round, DualPipeV's window per micro-batch) its earlier windows'
+    reduce-scatters hidden behind its rank's compute between two windows: a max and a min of
+    affine forms (`windows`, WindowTerms), with the experts' collective starting at a stage's
+    first MoE layer and, with tabulated gathers, the prefetches' overlap by the same tables.
+    Construction checks the stage times and rank peaks against the exact model's on probe
+    layouts and refuses the skeleton (LayoutError) where they differ."""
 
     def __init__(self, ctx: LayoutContext):
-        check_linear(ctx)
         self.ctx = ctx
         u = unit_costs(ctx)
         self.stages = ctx.pp * ctx.vp
