@@ -21,7 +21,7 @@ counts every recompute vector too, the baselines recompute nothing and everythin
 search keeps one --recompute-num-layers N for every chunk (r_s = min(N, layers_s): what Megatron
 launches; layout_report reports it where the per-chunk answer is no one N).
 
-A last case is what every shipped DeepSeek-V3 problem picks, DualPipeV: its V layouts are
+A last case is what every shipped DeepSeek-V3 problem picks, DualPipeV (also under FSDP): its V layouts are
 searched as layout_report searches them (vee_layout_search): a descent scored by the layout
 model, then CP-SAT rounds over the path cuts of the V's schedule graph and its memory rows
 (vee_rounds).
@@ -111,6 +111,10 @@ def cases():
                ep_overlap=1, pp_overlap=1, dp_overlap=1, cpu_optimizer=1)
     yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp1 cp4 pp4 ep256 under DualPipeV (the shipped answer)", ds,
            ConfigBatch.from_columns(2048, **vee), {"V split (mofa solve's skeleton, 13 / 16 layers)": megatron_layout(61, 1, 4, 2, 13, 16, True)})
+    # the same V under FSDP kept after the forward: a gradient window per micro-batch per stage
+    yield ("DeepSeek-V3 (61 layers, 3 dense, MTP), 2048 device B, tp1 cp4 pp4 ep256 under DualPipeV, FSDP kept after the forward", ds,
+           ConfigBatch.from_columns(2048, **{**vee, "zero_stage": 3, "reshard_after_forward": 0}),
+           {"V split (mofa solve's skeleton, 13 / 16 layers)": megatron_layout(61, 1, 4, 2, 13, 16, True)})
     # Llama 3 405B under DualPipeV on pp 16 (8192 GPUs, 128 micro-batches): its V split (3 layers on rank 0's stages, 4 on
     # the others) needs 84.9 GiB of device B's 64, so memory shapes the answer
     llama_v = load_problem(os.path.join(ROOT, "problems/tuning/llama3_405b_8192gpu_gbs8192.yaml"),
