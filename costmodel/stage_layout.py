@@ -366,6 +366,13 @@ class LayoutContext:
         return int(self.cfg.vp[0])
 
     @property
+    def mtp_on_last(self) -> tuple[int, ...]:
+        """MTP modules per stage where the searches put them: all on the last stage (the rank
+        with the head and loss; score_layout refuses them elsewhere)."""
+        stages = self.pp * self.vp
+        return (0,) * (stages - 1) + (self.problem.model.mtp_layers,)
+
+    @property
     def vee(self) -> bool:
         """DualPipeV's V placement (StageLayout.vee): the skeleton's schedule."""
         return int(self.cfg.pp_schedule[0]) == PP_SCHEDULE_CODES["dualpipev"]

@@ -208,8 +208,7 @@ class LinearLayouts:
         self.stages = ctx.pp * ctx.vp
         self.runs = kind_runs(ctx.kind_of_layer)
         self.kind_of_run = np.array([k for k, _, _ in self.runs])
-        mtp = np.zeros(self.stages)
-        mtp[-1] = ctx.problem.model.mtp_layers
+        mtp = np.array(ctx.mtp_on_last, dtype=float)
         edge = np.zeros((self.stages, len(ctx.kinds)))
         if ctx.mtp_kind is not None:
             edge[-1, ctx.mtp_kind] = mtp[-1]
@@ -426,8 +425,7 @@ class LinearLayouts:
         probes = [np.bincount(np.arange(n) * self.stages // n, minlength=self.stages)]
         for _ in range(3):
             probes.append(np.bincount(rng.integers(0, self.stages, n), minlength=self.stages))
-        mtp = (0,) * (self.stages - 1) + (self.ctx.problem.model.mtp_layers,)
-        return [StageLayout(pp=self.ctx.pp, vp=self.ctx.vp, decoders=tuple(int(d) for d in decoders), mtp=mtp,
+        return [StageLayout(pp=self.ctx.pp, vp=self.ctx.vp, decoders=tuple(int(d) for d in decoders), mtp=self.ctx.mtp_on_last,
                             recompute=(0,) * self.stages, vee=self.ctx.vee) for decoders in probes]
 
     def _check_times(self) -> None:

@@ -32,7 +32,6 @@ def dp_layout(ctx: LayoutContext) -> tuple[StageLayout | None, float]:
     if ctx.vp != 1:
         raise ValueError("the stage DP covers vp = 1 (a rank's chunks are not contiguous otherwise)")
     pp, n = ctx.pp, len(ctx.kind_of_layer)
-    mtp_layers = ctx.problem.model.mtp_layers
     inf = float("inf")
     m = ctx.microbatches
 
@@ -69,9 +68,7 @@ def dp_layout(ctx: LayoutContext) -> tuple[StageLayout | None, float]:
         sizes.append(b - a)
         recompute.append(r)
         b, i = a, i_prev
-    mtp = [0] * pp
-    mtp[-1] = mtp_layers
-    return StageLayout(pp=pp, vp=1, decoders=tuple(reversed(sizes)), mtp=tuple(mtp), recompute=tuple(reversed(recompute))), value
+    return StageLayout(pp=pp, vp=1, decoders=tuple(reversed(sizes)), mtp=ctx.mtp_on_last, recompute=tuple(reversed(recompute))), value
 
 
 def _stage_cost(ctx: LayoutContext, s: int, a: int, b: int) -> tuple[float, int]:
@@ -98,8 +95,7 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0, uniform_recompute
     tiny instances. Where the skeleton allows full recompute, every recompute count of every
     stage too (uniform_recompute: only r_s = min(N, layers_s), every N)."""
     stages, n = ctx.pp * ctx.vp, len(ctx.kind_of_layer)
-    mtp = [0] * stages
-    mtp[-1] = ctx.problem.model.mtp_layers
+    mtp = ctx.mtp_on_last
     for bars in itertools.combinations(range(n + stages - 1), stages - 1):
         sizes, prev = [], -1
         for bar in (*bars, n + stages - 1):
@@ -107,7 +103,7 @@ def enumerate_layouts(ctx: LayoutContext, min_layers: int = 0, uniform_recompute
             prev = bar
         if min(sizes) < min_layers:
             continue
-        layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(sizes), mtp=tuple(mtp), vee=ctx.vee)
+        layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(sizes), mtp=mtp, vee=ctx.vee)
         if not ctx.recompute_allowed:
             choices = [layout.recompute]
         elif uniform_recompute:

@@ -102,12 +102,10 @@ class Incumbent:
     layout: StageLayout | None = None
     score: object = None
 
-    def offer(self, layout: StageLayout, score) -> bool:
-        """Take the layout where it fits and its makespan beats the incumbent's; whether it did."""
+    def offer(self, layout: StageLayout, score) -> None:
+        """Take the layout where it fits and its makespan beats the incumbent's."""
         if score.fits and (self.score is None or layout_makespan(score) < layout_makespan(self.score)):
             self.layout, self.score = layout, score
-            return True
-        return False
 
 
 @dataclasses.dataclass
@@ -451,7 +449,7 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
     stages = pp * vp
     level, recompute, cut = lm.level, ctx.recompute_allowed, lm.cut
     runs = lin.runs
-    mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
+    mtp = ctx.mtp_on_last
     if level is not None:
         # uniform recompute: seeds recompute min(N, layers), N their own where they have one,
         # else their most; each also with no recompute and with the least N that fits it
@@ -672,13 +670,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         tables = table_cache[most]
     lm = build_layout_model(ctx, lin, min_layers, max_layers, chunk_spread, uniform_recompute, tables, paths)
     model, rc, level, vars_, z, cut, cuts = lm.model, lm.rc, lm.level, lm.vars_, lm.z, lm.cut, lm.cuts
-    mtp = np.zeros(stages)
-    mtp[-1] = ctx.problem.model.mtp_layers
+    mtp = ctx.mtp_on_last
     inc = Incumbent()  # the best layout that fits so far
 
     def make(vector) -> StageLayout:
         """The layout of an answer: decoder counts, then recompute counts."""
-        return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in vector[:stages]), mtp=tuple(int(x) for x in mtp),
+        return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in vector[:stages]), mtp=mtp,
                            recompute=tuple(int(x) for x in vector[stages:]))
 
     seeds, starts, zero_start = known_layouts(ctx, lin, lm, inc, score_of, seeds, time_limit_s, min_layers, max_layers, chunk_spread, graph)

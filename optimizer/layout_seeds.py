@@ -93,8 +93,7 @@ def fill_seed(ctx: LayoutContext, lin: LinearLayouts) -> StageLayout | None:
     for r in range(pp):
         if totals[r]:
             decoders[mine[r]] = placement[r, int(totals[r])]
-    mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
-    return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in decoders), mtp=mtp, vee=ctx.vee)
+    return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in decoders), mtp=ctx.mtp_on_last, vee=ctx.vee)
 
 
 def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
@@ -170,8 +169,7 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
     answers = Answers(t + rc)
     if cp_solver.solve(solver, model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return []
-    mtp = (0,) * (stages - 1) + (ctx.problem.model.mtp_layers,)
-    return [StageLayout(pp=pp, vp=vp, decoders=a[:stages], mtp=mtp, recompute=a[stages:]) for a in answers.answers]
+    return [StageLayout(pp=pp, vp=vp, decoders=a[:stages], mtp=ctx.mtp_on_last, recompute=a[stages:]) for a in answers.answers]
 
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
