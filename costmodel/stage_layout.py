@@ -841,6 +841,14 @@ def rank_counts(ctx: LayoutContext, layout: StageLayout) -> tuple[np.ndarray, np
     return per_rank, mtp, chunks
 
 
+def layout_ledgers(ctx: LayoutContext, layout: StageLayout) -> list:
+    """Each rank's exact memory ledger under a layout (rank_peak_ledger of its chunks)."""
+    last_rank = layout.rank_of(layout.stages - 1)
+    per_rank, mtp, chunks = rank_counts(ctx, layout)
+    recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
+    return [rank_peak_ledger(ctx, r, chunks[r], recomputed[st], r == last_rank, int(mtp[r])) for r, st in enumerate(ctx.stages_of)]
+
+
 def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     """The exact model's step time and per-rank peak memory of a heterogeneous layout."""
     pp, vp = ctx.pp, ctx.vp
@@ -858,9 +866,7 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     forward, backward = stage_times(ctx, layout)
     mine = ctx.stages_of
     work = np.array([(forward + backward)[st].sum() for st in mine])
-    per_rank, mtp, chunks = rank_counts(ctx, layout)
-    recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-    ledgers = [rank_peak_ledger(ctx, r, chunks[r], recomputed[st], r == last_rank, int(mtp[r])) for r, st in enumerate(mine)]
+    ledgers = layout_ledgers(ctx, layout)
     peaks = np.array([_scalar(ledger.peak) for ledger in ledgers])
     rest = max(rank_update_s(ctx, ledger, forward[st].sum(), backward[st].sum()) for ledger, st in zip(ledgers, mine))
     f, b = per_chunk(forward, mine), per_chunk(backward, mine)

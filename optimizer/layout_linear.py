@@ -36,9 +36,8 @@ from costmodel.stage_layout import (
     LayoutError,
     StageLayout,
     chunk_times,
-    rank_counts,
+    layout_ledgers,
     rank_ledger,
-    rank_peak_ledger,
     recompute_working_bytes,
     stage_ranks,
     stage_times,
@@ -441,10 +440,9 @@ class LinearLayouts:
 
     def _check_memory(self) -> None:
         """Refuse the skeleton where rank_rows' peaks differ from the exact ledger's
-        (stage_layout.rank_peak_ledger) on probe layouts (_probe_layouts): by more than 1 KiB, or
+        (stage_layout.layout_ledgers) on probe layouts (_probe_layouts): by more than 1 KiB, or
         with PyTorch pipelining's buffers per micro-batch by more than those buffers can move."""
         ctx = self.ctx
-        last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
         tolerance = 1024.0
         if ctx.mc.buffers_per_microbatch and ctx.pp > 1:
             # PyTorch pipelining's buffers per micro-batch (torchtitan): the ledger prices them on
@@ -455,10 +453,7 @@ class LinearLayouts:
             # of GBs, and the exact model confirms every answer
             tolerance = 2 * (1 + self.frag) * float(np.asarray(ctx.lc.hop_bytes).ravel()[0]) * ctx.microbatches * ctx.vp
         for layout in self._probe_layouts():
-            per_rank, mtp, chunks = rank_counts(ctx, layout)
-            recomputed = layout.recompute_kind_counts(ctx.kind_of_layer, len(ctx.kinds))
-            exact = np.array([float(np.asarray(rank_peak_ledger(ctx, r, chunks[r], recomputed[st], r == last_rank, int(mtp[r])).peak).ravel()[0])
-                              for r, st in enumerate(ctx.stages_of)])
+            exact = np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
             mine = self.capacity - self.headroom(self.run_counts(np.array([layout.decoders])))[0]
             if not np.allclose(mine, exact, rtol=0.0, atol=tolerance):
                 raise LayoutError("the layout search does not model this skeleton's memory: its linear rank peaks differ from the exact "
