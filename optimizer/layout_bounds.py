@@ -300,7 +300,8 @@ def recomputing_ranks(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | N
         transient = fixed + (1 + lin.frag) * (trans0 + totals @ trans_k)
         held = np.asarray(ctx.held[r], dtype=float)  # [vectors, chunk]
         chunk_bytes = counts @ act_k  # [V, chunk]
-        activations = fixed[:, None] + (1 + lin.frag) * (chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head)
+        # (PyTorch pipelining's buffers per micro-batch at their most: over for certain where over here)
+        activations = fixed[:, None] + lin.buffer_spread[r] + (1 + lin.frag) * (chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head)
         over = (transient <= lin.capacity) & (activations.max(axis=1) > lin.capacity)
         if over.any():
             out.add(r)

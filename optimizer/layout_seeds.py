@@ -139,8 +139,10 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
                 model.Add(t[s] <= low + chunk_spread)
         base0, base, trans0, trans, head, mtp_act = lin.memory[r]
         layers = sum(t[s] for s in mine)
-        # the largest layer's bytes as a constant (an upper bound: what fits here fits the linear test)
-        fixed = int(math.ceil((base0 + float(lin.largest[r].max(initial=0.0))) / BYTE_SCALE)) + int(math.ceil(base[0] / BYTE_SCALE)) * layers
+        # the largest layer's bytes and PyTorch pipelining's buffers at their most as constants (upper
+        # bounds: what fits here fits the linear test and the ledger)
+        fixed = (int(math.ceil((base0 + float(lin.largest[r].max(initial=0.0)) + lin.buffer_spread[r]) / BYTE_SCALE))
+                 + int(math.ceil(base[0] / BYTE_SCALE)) * layers)
         model.Add(fixed + kib(trans0) + kib(trans[0]) * layers <= cap)
         working = 0
         if recompute:
