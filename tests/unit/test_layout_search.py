@@ -404,58 +404,76 @@ def test_torchtitan_pipeline_buffers_are_searched():
         assert solution.makespan_s <= (split_score.pipeline_s - split_score.pp_exposed_s) * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("framework,outputs_kept", [("megatron", False), ("deepspeed", False), ("torchtitan", False), ("torchtitan", True)])
-def test_linear_layouts_bound_the_ledger_on_every_skeleton(framework, outputs_kept):
+def check_linear_against_ledger(ctx, rng, layouts: int) -> None:
+    """For random layouts and recompute vectors of ctx's skeleton: LinearLayouts' stage times are
+    the exact model's, no rank's linear peak is above the ledger's and none below it by more than
+    `buffer_spread`."""
+    from costmodel.stage_layout import layout_ledgers, stage_times
+    from optimizer.layout_linear import LinearLayouts
+
+    lin = LinearLayouts(ctx)  # not refused
+    assert (lin.buffer_spread > 0).any() == ctx.mc.buffers_per_microbatch
+    stages, n = lin.stages, len(ctx.kind_of_layer)
+    for _ in range(layouts):
+        decoders = np.bincount(rng.choice(stages, n, p=rng.dirichlet(np.full(stages, rng.choice([0.3, 1.0, 5.0])))), minlength=stages)
+        recomputed = rng.integers(0, decoders + 1) if ctx.recompute_allowed else np.zeros(stages, dtype=np.int64)
+        layout = StageLayout(pp=ctx.pp, vp=ctx.vp, decoders=tuple(int(x) for x in decoders), mtp=ctx.mtp_on_last,
+                             recompute=tuple(int(x) for x in recomputed), vee=ctx.vee)
+        counts, rc = lin.layout_counts(np.array([layout.decoders + layout.recompute]))
+        rc = rc if ctx.recompute_allowed else None
+        forward, backward = lin.times(counts, rc)
+        exact_f, exact_b = stage_times(ctx, layout)
+        assert forward[:, 0] == pytest.approx(exact_f, rel=1e-12, abs=1e-12)
+        assert backward[:, 0] == pytest.approx(exact_b, rel=1e-12, abs=1e-12)
+        exact = np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
+        mine = lin.capacity - lin.headroom(counts, rc)[0]
+        assert (mine <= exact + 1024.0).all(), (layout, mine - exact)
+        assert (mine + lin.buffer_spread >= exact - 1024.0).all(), (layout, mine + lin.buffer_spread - exact)
+
+
+SKELETON_AXES = (((1, 0), (2, 0), (3, 0), (3, 1)), (0, 1), (0, 1), (0, 1))  # (ZeRO stage, reshard), recompute, CPU optimizer, DP overlap
+
+
+@pytest.mark.parametrize("model,framework,outputs_kept", [("llama", "megatron", False), ("llama", "deepspeed", False), ("llama", "torchtitan", False),
+                                                          ("llama", "torchtitan", True), ("deepseek", "megatron", False),
+                                                          ("deepseek", "torchtitan", False)])
+def test_linear_layouts_bound_the_ledger_on_every_skeleton(model, framework, outputs_kept):
     """On every skeleton LinearLayouts models (each ZeRO stage, FSDP kept and freed after the
-    forward, each schedule, full recompute, CPU optimizer, DP overlap on and off), for random
-    layouts and recompute vectors: its stage times are the exact model's, no rank's linear peak
+    forward, each schedule, full recompute, CPU optimizer, DP overlap on and off; one kind of
+    layer, and DeepSeek-V3's dense, MoE and MTP), for random layouts and recompute vectors
+    (check_linear_against_ledger): its stage times are the exact model's, no rank's linear peak
     is above the ledger's (a row above it could keep a certificate from a layout that fits) and
     none is below it by more than `buffer_spread`, what the tests that must not miss a rank over
     add. PyTorch pipelining's buffers per micro-batch (torchtitan) move with the ledger's
     in-flight count, not linear in the counts: the rows hold them at their least
     (pipeline_buffer_range); before, the last rank's row was a hop above the ledger on 85-100% of
     random layouts, 0.26 GiB with torch <= 2.6's kept outputs. Llama 3.1 8B on 64 H100, tp 2,
-    pp 4; 10 layouts a skeleton."""
+    pp 4 (10 layouts a skeleton); DeepSeek-V3 on 2048 device B, tp 4, ep 64, pp 8 and a V of pp 4
+    (4 a skeleton)."""
     import itertools
     import os
 
     from costmodel.specs import PP_SCHEDULES
-    from costmodel.stage_layout import layout_ledgers, stage_times
-    from optimizer.layout_linear import LinearLayouts
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"),
-                           [f"search.framework={framework}", f"training.pipeline_every_stage_outputs={str(outputs_kept).lower()}"])
+    overrides = [f"search.framework={framework}", f"training.pipeline_every_stage_outputs={str(outputs_kept).lower()}"]
+    if model == "llama":
+        problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"), overrides)
+        gpus, base, layouts = 64, dict(tp=2, mbs=1, first_layers=8, last_layers=8), 10
+        schedules = (("1f1b", 4, 1), ("interleaved_1f1b", 4, 2), ("afab", 4, 1), ("dualpipev", 4, 2))
+    else:
+        problem = load_problem(os.path.join(root, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"] + overrides)
+        gpus, base, layouts = 2048, dict(tp=4, ep=64, mbs=1, first_layers=2, last_layers=3), 4
+        schedules = (("1f1b", 8, 1), ("interleaved_1f1b", 8, 2), ("dualpipev", 4, 2))
     rng = np.random.default_rng(0)
-    skeletons = 0
-    for (zero, reshard), (schedule, vp), recompute, cpu, dp_overlap in itertools.product(
-            ((1, 0), (2, 0), (3, 0), (3, 1)), (("1f1b", 1), ("interleaved_1f1b", 2), ("afab", 1), ("dualpipev", 2)), (0, 1), (0, 1), (0, 1)):
-        columns = dict(tp=2, pp=4, vp=vp, mbs=1, first_layers=8, last_layers=8, zero_stage=zero, reshard_after_forward=reshard,
-                       pp_schedule=PP_SCHEDULES.index(schedule), cpu_optimizer=cpu, dp_overlap=dp_overlap)
+    for (schedule, pp, vp), ((zero, reshard), recompute, cpu, dp_overlap) in itertools.product(schedules, itertools.product(*SKELETON_AXES)):
+        columns = dict(base, pp=pp, vp=vp, zero_stage=zero, reshard_after_forward=reshard, pp_schedule=PP_SCHEDULES.index(schedule),
+                       cpu_optimizer=cpu, dp_overlap=dp_overlap)
         if recompute:
             columns.update(recompute=2, recompute_method=1, recompute_layers=1)
-        ctx = layout_context(problem, ConfigBatch.from_columns(64, **columns))
+        ctx = layout_context(problem, ConfigBatch.from_columns(gpus, **columns))
         assert ctx.recompute_allowed == bool(recompute) and ctx.mc.buffers_per_microbatch == (framework == "torchtitan")
-        lin = LinearLayouts(ctx)  # none refused
-        assert (lin.buffer_spread > 0).any() == (framework == "torchtitan")
-        skeletons += 1
-        stages, layers = lin.stages, len(ctx.kind_of_layer)
-        for _ in range(10):
-            decoders = np.bincount(rng.choice(stages, layers, p=rng.dirichlet(np.full(stages, rng.choice([0.3, 1.0, 5.0])))), minlength=stages)
-            recomputed = rng.integers(0, decoders + 1) if recompute else np.zeros(stages, dtype=np.int64)
-            layout = StageLayout(pp=4, vp=vp, decoders=tuple(int(x) for x in decoders), mtp=ctx.mtp_on_last,
-                                 recompute=tuple(int(x) for x in recomputed), vee=ctx.vee)
-            counts, rc = lin.layout_counts(np.array([layout.decoders + layout.recompute]))
-            rc = rc if recompute else None
-            forward, backward = lin.times(counts, rc)
-            exact_f, exact_b = stage_times(ctx, layout)
-            assert forward[:, 0] == pytest.approx(exact_f, rel=1e-12, abs=1e-12)
-            assert backward[:, 0] == pytest.approx(exact_b, rel=1e-12, abs=1e-12)
-            exact = np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
-            mine = lin.capacity - lin.headroom(counts, rc)[0]
-            assert (mine <= exact + 1024.0).all(), (columns, layout, mine - exact)
-            assert (mine + lin.buffer_spread >= exact - 1024.0).all(), (columns, layout, mine + lin.buffer_spread - exact)
-    assert skeletons == 128
+        check_linear_against_ledger(ctx, rng, layouts)
 
 
 def test_most_layers_binds_where_memory_does():
