@@ -784,15 +784,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         # settle well within it: 0.3-0.7 s each on Llama 3 405B cp 1, against 1.5 s)
         local_s = min(local_fraction * time_limit_s, 0.25 * max(time_limit_s - (time.perf_counter() - start), 0.0))
         if starts:  # the local search from each (the better start is not the better end)
-            # their time pooled: each an even share of what the earlier ones left, so that one that
-            # settles early hands its rest on (Llama 3 405B cp 1 under ZeRO-2: the last start, the
-            # fill seed, needs ~1.8 s to its 6.94 s optimum, and stopped at 7.13 s under a 1.5 s cap
-            # on a busier machine, while two of the others settle in 0.8-0.9 s)
-            pool_s = local_s * len(starts)
-            for i, seed in enumerate(starts):
-                began = time.perf_counter()
-                descend(seed, pool_s / (len(starts) - i))
-                pool_s -= time.perf_counter() - began
+            for seed in starts:
+                descend(seed, local_s)
         elif inc.layout is not None:
             for seed in ([zero_start] if zero_start is not None and zero_start != inc.layout else []) + [inc.layout]:
                 descend(seed, local_s)
