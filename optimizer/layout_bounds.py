@@ -302,7 +302,8 @@ def recomputing_ranks(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | N
         chunk_bytes = counts @ act_k  # [V, chunk]
         # (PyTorch pipelining's buffers per micro-batch at their most: over for certain where over here)
         activations = fixed[:, None] + lin.buffer_spread[r] + (1 + lin.frag) * (chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head)
-        over = (transient <= lin.capacity) & (activations.max(axis=1) > lin.capacity)
+        # (and, with those buffers, the transient row at their most: recompute shrinks them too)
+        over = (transient <= lin.capacity) & (np.maximum(activations.max(axis=1), transient + lin.buffer_spread[r]) > lin.capacity)
         if over.any():
             out.add(r)
     return out

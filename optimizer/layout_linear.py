@@ -665,19 +665,33 @@ def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext,
     in-flight row of rank_memory_terms) is over the capacity. In thousandths of KiB, the
     coefficients rounded up and the threshold down, so a rank over the capacity is over it
     here. What recompute_split_bound and MemoryRows.recompute_only_where_needed require of a
-    rank that recomputes."""
+    rank that recomputes.
+    With PyTorch pipelining's buffers per micro-batch (torchtitan: buffer_spread > 0) the
+    optimizer-transient row counts buffers too, which recompute shrinks with the rank's in-flight
+    count: there the rank may also be over through that row (at its most), either one."""
     base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
     mine = [int(s) for s in ctx.stages_of[rank]]
     held = np.asarray(ctx.held[rank])
     top = held.max(axis=0) if len(held) else np.zeros(len(mine))
     act = lin.u["kind_activation"]
     scale = 1000.0 / BYTE_SCALE
-    envelope = sum(coef * run_counts[s][j] for c, s in enumerate(mine) for j, k in enumerate(int(k) for k in lin.kind_of_run)
+    kinds = [int(k) for k in lin.kind_of_run]
+    envelope = sum(coef * run_counts[s][j] for c, s in enumerate(mine) for j, k in enumerate(kinds)
                    if (coef := int(math.ceil((base[k] + (1 + lin.frag) * top[c] * act[k]) * scale))))
     # the largest layer's bytes at their most over the kinds (an upper bound: never misses a rank over)
-    envelope += int(math.ceil((base0 + float(lin.largest[rank].max(initial=0.0)) + lin.buffer_spread[rank] + (1 + lin.frag) * (head + top[-1] * mtp_act))
-                              * scale))
-    model.Add(envelope >= int(math.floor(lin.capacity * scale)) + 1).OnlyEnforceIf(enforce)
+    fixed = base0 + float(lin.largest[rank].max(initial=0.0)) + lin.buffer_spread[rank]
+    envelope += int(math.ceil((fixed + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
+    over = int(math.floor(lin.capacity * scale)) + 1
+    if lin.buffer_spread[rank] <= 0:  # the transient row does not depend on recompute: over there, over with it too
+        model.Add(envelope >= over).OnlyEnforceIf(enforce)
+        return
+    transient = sum(coef * run_counts[s][j] for s in mine for j, k in enumerate(kinds)
+                    if (coef := int(math.ceil((base[k] + (1 + lin.frag) * trans[k]) * scale))))
+    transient += int(math.ceil((fixed + (1 + lin.frag) * trans0) * scale))
+    by_activations, by_transient = model.NewBoolVar(f"over_act{rank}"), model.NewBoolVar(f"over_trans{rank}")
+    model.Add(envelope >= over).OnlyEnforceIf(by_activations)
+    model.Add(transient >= over).OnlyEnforceIf(by_transient)
+    model.AddBoolOr([by_activations, by_transient]).OnlyEnforceIf(enforce)
 
 
 class MemoryRows:

@@ -476,6 +476,53 @@ def test_linear_layouts_bound_the_ledger_on_every_skeleton(model, framework, out
         check_linear_against_ledger(ctx, rng, layouts)
 
 
+def test_a_rank_over_through_its_transient_row_may_recompute():
+    """With torchtitan's pipeline buffers per micro-batch the optimizer-transient row counts
+    buffers that recompute shrinks (rank 0's grow with its in-flight count), so a rank can be over
+    its capacity through that row alone and fit by recomputing: the dominance tests that let only
+    ranks over without recompute recompute (recomputing_ranks, over_capacity_without_recompute)
+    must let it (a review found both reading the activations' rows only, which excluded this
+    layout). Llama 3.1 8B at 1K tokens, bf16 gradients, torchtitan, tp 2, pp 4, 1F1B, layers
+    9/8/8/7, rank 0 recomputing its 9, the capacity rank 0's peak with them."""
+    import math
+    import os
+
+    from ortools.sat.python import cp_model
+
+    from costmodel.specs import PP_SCHEDULES
+    from costmodel.stage_layout import layout_ledgers
+    from optimizer.layout_bounds import recomputing_ranks
+    from optimizer.layout_linear import LinearLayouts, over_capacity_without_recompute
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def context(memory_mib=None):
+        overrides = ["search.framework=torchtitan", "training.seq_len=1024", "training.dtypes.grads=bf16"]
+        problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"),
+                               overrides + ([f"hardware.memory_mib={memory_mib}"] if memory_mib else []))
+        return layout_context(problem, ConfigBatch.from_columns(64, tp=2, pp=4, vp=1, mbs=1, first_layers=8, last_layers=8, zero_stage=0,
+                                                                pp_schedule=PP_SCHEDULES.index("1f1b"), recompute=2, recompute_method=1,
+                                                                recompute_layers=1))
+
+    def peaks(ctx, layout):
+        return np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
+
+    decoders = (9, 8, 8, 7)
+    recomputing = StageLayout(pp=4, vp=1, decoders=decoders, mtp=(0, 0, 0, 0), recompute=(9, 0, 0, 0))
+    plain = recomputing.with_recompute((0, 0, 0, 0))
+    ctx = context(math.ceil(peaks(context(), recomputing)[0] / 2**20))
+    lin = LinearLayouts(ctx)
+    assert (peaks(ctx, recomputing) <= lin.capacity).all() and not (peaks(ctx, plain) <= lin.capacity).all()
+    assert 0 in recomputing_ranks(ctx, 1e9, lin)
+    model = cp_model.CpModel()
+    counts = lin.run_counts(np.array([decoders]))[0]
+    run_counts = [[model.NewConstant(int(x)) for x in stage] for stage in counts]
+    enforce = model.NewBoolVar("recomputes")
+    model.Add(enforce == 1)
+    over_capacity_without_recompute(model, ctx, lin, 0, run_counts, enforce)
+    assert cp_model.CpSolver().Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
 def test_most_layers_binds_where_memory_does():
     """LinearLayouts.most_layers (each stage's most layers in a layout that fits: its rank's
     fixed bytes and the activations of its most-held chunk per layer, a lower bound on the
