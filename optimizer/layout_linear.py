@@ -474,24 +474,15 @@ class LinearLayouts:
 
     def _check_memory(self) -> None:
         """Refuse the skeleton where rank_rows' peaks differ from the exact ledger's
-        (stage_layout.layout_ledgers) on probe layouts (_probe_layouts): above it by more than
-        1 KiB (a row stricter than the ledger could keep a certificate from a layout that fits),
-        or below it by more than 1 KiB, or with PyTorch pipelining's buffers per micro-batch by
-        more than those buffers can move."""
-        ctx = self.ctx
-        tolerance = 1024.0
-        if ctx.mc.buffers_per_microbatch and ctx.pp > 1:
-            # PyTorch pipelining's buffers per micro-batch (torchtitan): the ledger prices them on
-            # its in-flight count, a ratio of the held bytes to the rank's mean chunk, which the
-            # linear rows hold at its least (pipeline_buffer_range: up to 0.53 GiB below on Llama
-            # 3 405B at pp 16); the check allows what that count can move (the stage inputs it
-            # counts and the outputs it keeps, each up to every chunk of the step), so that it
-            # still catches a misread term of GBs, and the exact model confirms every answer
-            tolerance = 2 * (1 + self.frag) * float(np.asarray(ctx.lc.hop_bytes).ravel()[0]) * ctx.microbatches * ctx.vp
+        (stage_layout.layout_ledgers) on probe layouts (_probe_layouts) by more than 1 KiB: above
+        it (a row stricter than the ledger could keep a certificate from a layout that fits), or
+        below it beyond what PyTorch pipelining's buffers per micro-batch can move
+        (buffer_spread: the rows hold them at their least, pipeline_buffer_range; up to 0.53 GiB
+        on Llama 3 405B at pp 16)."""
         for layout in self._probe_layouts():
-            exact = np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
+            exact = np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(self.ctx, layout)])
             mine = self.capacity - self.headroom(self.run_counts(np.array([layout.decoders])))[0]
-            if (mine > exact + 1024.0).any() or (mine < exact - tolerance).any():
+            if (mine > exact + 1024.0).any() or (mine + self.buffer_spread < exact - 1024.0).any():
                 raise LayoutError("the layout search does not model this skeleton's memory: its linear rank peaks differ from the exact "
                                   "ledger's; `mofa evaluate --pipeline-layout` scores a layout under it")
 
