@@ -375,7 +375,7 @@ def test_a_v_search_under_memory_pressure_is_certified(llama_vee):
     assert vee_rank_bound(ctx) <= solution.lower_bound_s <= solution.makespan_s
     rng = np.random.default_rng(1)
     fitting = 0
-    for _ in range(40):
+    for _ in range(400):  # until 8 fit: most moves break a memory-bound rank (~1 in 10 fits)
         sizes = np.array(solution.layout.decoders)
         for _ in range(rng.integers(1, 4)):
             a, b = rng.choice(np.flatnonzero(sizes > 0)), rng.integers(0, 32)
@@ -385,7 +385,11 @@ def test_a_v_search_under_memory_pressure_is_certified(llama_vee):
         if score.fits:
             fitting += 1
             assert score.pipeline_s - score.pp_exposed_s >= solution.lower_bound_s
-    assert fitting >= 4  # of 40 (seeded): most moves break a memory-bound rank
+            if fitting == 8:
+                break
+    # (40 moves found 4 from one of the tied optima the search returns and 3 from another: a CI
+    # run failed on that; the optimum returned varies with CP-SAT's workers)
+    assert fitting == 8
 
 
 def test_a_v_layout_that_does_not_fit_is_repaired():
