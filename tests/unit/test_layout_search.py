@@ -379,10 +379,11 @@ def test_relaxed_bound_holds_for_every_layout(tmp_path, columns):
 def test_torchtitan_pipeline_buffers_are_searched():
     """torchtitan's PyTorch pipelining keeps buffers per micro-batch, which the ledger prices on
     its in-flight count (held bytes over the rank's mean chunk, not linear in the counts), so
-    LinearLayouts' rank peaks only approximate them: its probe check allows what those buffers
-    can move and still searches the skeleton (a review found it refusing every torchtitan
-    skeleton with PP), and the answer, confirmed by the exact model, fits and is no slower than
-    the split. Llama 3.1 8B on 64 H100, tp 2, pp 4, FSDP kept after the forward."""
+    LinearLayouts' rank rows hold them at their least (pipeline_buffer_range): its probe check
+    allows what those buffers can move and still searches the skeleton (a review found it
+    refusing every torchtitan skeleton with PP), and the answer, confirmed by the exact model,
+    fits and is no slower than the split. Llama 3.1 8B on 64 H100, tp 2, pp 4, FSDP kept after
+    the forward."""
     import os
 
     from costmodel.specs import PP_SCHEDULES
