@@ -118,10 +118,10 @@ def pipeline_buffer_range(ctx: LayoutContext, rank: int) -> tuple[float, float]:
     if u["kind_working"].max() > 0 and (act > 0).any():
         most += ctx.vp * float(u["kind_working"].max() / act[act > 0].min())
     chunks = float(ctx.microbatches * ctx.vp)
-    points = np.array([x for x in (0.0, 1.0, chunks, most) if x <= most])
+    points = np.array([x for x in (0.0, 1.0, chunks, most) if x <= most])  # zero first
     last = rank == stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
-    count = pipeline_buffer_count(ctx.mc, ctx.cfg_plain, np.array([float(ctx.microbatches)]), points, rank == 0, float(last)) - \
-        pipeline_buffer_count(ctx.mc, ctx.cfg_plain, np.array([float(ctx.microbatches)]), np.zeros(1), rank == 0, float(last))
+    count = pipeline_buffer_count(ctx.mc, ctx.cfg_plain, np.array([float(ctx.microbatches)]), points, rank == 0, float(last))
+    count = count - count[0]
     scale = (1.0 + ctx.mc.fragmentation) * float(np.asarray(ctx.lc.hop_bytes).ravel()[0])
     return scale * float(count.min()), scale * float(count.max())
 
