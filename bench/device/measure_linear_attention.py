@@ -161,7 +161,9 @@ def window_section(table: Table, dev, deadline: float) -> None:
 
     flex = torch.compile(flex_attention, dynamic=False)
     # GPT-OSS-120B attention: 64 q heads, 8 KV heads, head dim 64, alternating 128-token windows
-    cases = [(1, s, 64 // t, 8 // t, 64, win) for t in (1, 8) for s in (4096, 16384) for win in (128, None)]
+    # (the longest sequence first: it is what a sliding layer saves; a 1K window last, if time allows)
+    cases = [(1, s, 64 // t, 8 // t, 64, win) for t in (1, 8) for s in (16384, 4096) for win in (128, None)]
+    cases += [(1, 16384, 64, 8, 64, 1024)]
     for b, s, h, kv, d, win in cases:
         if time.time() > deadline:
             print("  deadline: window stops", flush=True)
@@ -192,8 +194,13 @@ def window_section(table: Table, dev, deadline: float) -> None:
             grad = torch.randn_like(out)
             bwd = bench_ms(lambda: out.backward(grad, retain_graph=True), grad_to_none=[q, k, v])
             flops = 4.0 * b * h * s * s * d * share
+            try:  # the share of (q block, kv block) tiles the kernel visits: its hardware work
+                density, block_size = 1.0 - float(block.sparsity()) / 100.0, int(block.BLOCK_SIZE[0])
+            except Exception:  # noqa: BLE001 -- an older BlockMask without sparsity()
+                density, block_size = float("nan"), 0
             table.add(batch=b, heads=h, kv_heads=kv, seq=s, head_dim=d, window=win or 0, fwd_flops=flops, fwd_ms=fwd, bwd_ms=bwd,
-                      fwd_tflops=flops / fwd / 1e9, bwd_tflops=2.5 * flops / bwd / 1e9, rel_err=err)
+                      fwd_tflops=flops / fwd / 1e9, bwd_tflops=2.5 * flops / bwd / 1e9, rel_err=err,
+                      block_size=block_size, block_density=density)
             print(f"  flex {b}x{h}x{s} window={win}: fwd {fwd:.3f} ms bwd {bwd:.3f} ms ({flops / fwd / 1e9:.0f} TFLOP/s fwd)", flush=True)
         except Exception as exc:  # noqa: BLE001
             print(f"  flex {b}x{h}x{s} window={win} failed: {str(exc).splitlines()[0][:160]}", flush=True)
@@ -235,7 +242,7 @@ def main() -> int:
     sections = [
         ("gdn", ["batch", "seq", "k_heads", "v_heads", "k_dim", "v_dim", "chunk", "fwd_flops", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "check_rel_err"], gdn_section),
         ("conv", ["tokens", "channels", "width", "fwd_bytes", "fwd_ms", "bwd_ms", "fwd_gb_per_s", "rel_err"], conv_section),
-        ("window", ["batch", "heads", "kv_heads", "seq", "head_dim", "window", "fwd_flops", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "rel_err"], window_section),
+        ("window", ["batch", "heads", "kv_heads", "seq", "head_dim", "window", "fwd_flops", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "rel_err", "block_size", "block_density"], window_section),
     ]
     deadline = start + args.deadline_s
     for name, cols, fn in sections:
