@@ -201,15 +201,15 @@ def segment_paths(ops, stages: int, microbatches: int):
                 yield n_f, n_b
 
 
-def chunk_segments_hold(ops, pp: int, vp: int, microbatches: int) -> bool:
-    """Whether every rank r > 0 runs, outside its segment from the forward of micro-batch 0 to
-    the backward of the last micro-batch of any of its chunks c, only ops of its chunks before
-    c (Megatron's 1F1B and interleaved lists: the warm-up walks the chunks in order, the
-    cool-down's backwards in reverse). Then a rank whose chunks before c hold no layer does all
-    its layers' work inside that segment, which segment_paths' (s, s) path of stage s = c * pp
-    + r takes whole: the rank-order argument of rank_order_region rests on it."""
+def chunk_segments_hold(ops, pp: int, vp: int, microbatches: int, ranks=None) -> bool:
+    """Whether every rank r > 0 (or each of `ranks`) runs, outside its segment from the forward
+    of micro-batch 0 to the backward of the last micro-batch of any of its chunks c, only ops of
+    its chunks before c (Megatron's 1F1B and interleaved lists: the warm-up walks the chunks in
+    order, the cool-down's backwards in reverse). Then a rank whose chunks before c hold no layer
+    does all its layers' work inside that segment, which segment_paths' (s, s) path of stage
+    s = c * pp + r takes whole: the rank-order argument of rank_order_region rests on it."""
     last = microbatches - 1
-    for r in range(1, pp):
+    for r in range(1, pp) if ranks is None else ranks:
         rank_ops = ops[r]
         for c in range(vp):
             s = c * pp + r

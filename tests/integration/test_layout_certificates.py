@@ -34,3 +34,31 @@ def test_per_stage_recompute_is_certified_and_agrees_with_the_search_without_it(
     assert without.optimal and without.fits
     assert abs(with_recompute.makespan_s - without.makespan_s) <= 1e-6 * without.makespan_s
     assert not with_recompute.layout.any_recompute
+
+
+LLAMA_2048 = Path(__file__).resolve().parents[2] / "problems" / "tuning" / "llama3_405b_2048gpu_gbs512.yaml"
+
+
+def test_rank_order_proves_the_split_of_a_shipped_problem_optimal():
+    """What `mofa solve problems/tuning/llama3_405b_2048gpu_gbs512.yaml --pipeline-layouts`
+    solves (tp 4, cp 8, pp 16 x vp 8, 128 micro-batches): Megatron's split (stage 0 the
+    embedding alone, 8 layers on ranks 1-14, 7 on rank 0 and on the last, with the loss) is
+    optimal, and the rank order proves it with no LP at all. Every rank that holds 8 layers is
+    busy 128 x 8 layers; 14 ranks must, and the one of them whose first decoder stage comes
+    last waits for micro-batch 0's forward through 13 such stages before it (and their
+    backward after), which is the split's makespan to the nanosecond. Rank 0 holding 8 layers
+    with nothing on stage 0 escaped this until it took a place in the order too (the search
+    stopped at 1.1% in 10 s, its LP spreading 7.875 layers on every rank)."""
+    from optimizer.layout_bounds import rank_order_region
+    from optimizer.layout_search import layout_makespan, own_layout
+    from costmodel.stage_layout import score_layout
+
+    problem = load_problem(str(LLAMA_2048), ["tp=4", "cp=8", "pp=16", "vp=8", "dp=4", "mbs=1", "pp_schedule=interleaved_1f1b",
+                                             "zero_stage=1", "cp_overlap=true", "pp_overlap=true", "dp_overlap=true"])
+    ctx = layout_context(problem, ConfigBatch.from_specs(problem, [problem.config]))
+    own = own_layout(ctx)
+    assert ctx.microbatches == 128 and own.decoders[0] == 0
+    makespan = layout_makespan(score_layout(ctx, own))
+    region = rank_order_region(ctx, makespan * (1 + 1e-9))
+    assert region is not None and region.contains(own.decoders)
+    assert rank_order_region(ctx, makespan * (1 - 1e-6)) is None

@@ -1220,6 +1220,38 @@ def test_rank_order_region_holds_for_every_layout(tmp_path, pp, vp, layers):
     assert sum(tight.contains(d) for d in decoders) < 0.5 * len(decoders)
 
 
+@pytest.mark.parametrize("pp,vp,layers", [(2, 2, 5), (2, 2, 8), (2, 3, 8), (2, 4, 8)])
+def test_rank_0_starting_late_waits_for_the_ranks_before_it(tmp_path, pp, vp, layers):
+    """The rank-order argument for rank 0 (rank_order_region), on every layout whose stage 0
+    holds no decoder layer while rank 0 holds some: its first decoder stage is a later chunk's
+    and the schedule graph's segment path through it is at least rank 0's work for every
+    micro-batch less what may run outside the segment (its chunks before the last: the
+    embedding and empty chunks) plus stage 0 and one layer per rank whose first decoder stage
+    comes earlier (their forward for micro-batch 0 before, their backward for the last after).
+    The least margin is under one layer's time, so an extra layer in the term would be wrong."""
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.schedule_graph import chunk_segments_hold
+
+    ctx = dense_context(tmp_path, pp, vp, layers)
+    m, stages = ctx.microbatches, pp * vp
+    assert chunk_segments_hold(ctx.ops, pp, vp, m, ranks=[0])
+    decoders, makespans = graph_makespans(ctx)
+    lin = LinearLayouts(ctx)
+    delta = float(lin.forward_s[0] + lin.backward_s[0])
+    const = lin.const_forward_s + lin.const_backward_s
+    margins = []
+    for d, makespan in zip(decoders, makespans):
+        if d[0] > 0 or d[0::pp].sum() == 0:
+            continue
+        first = [next((s for s in range(r, stages, pp) if d[s] > 0), stages) for r in range(pp)]
+        before = sum(first[r] < first[0] for r in range(1, pp))
+        term = m * (d[0::pp].sum() * delta + const[0::pp][-1]) + const[0] + delta * before
+        margins.append((makespan - term) / delta)
+    assert len(margins) > 10
+    assert min(margins) >= -1e-9
+    assert min(margins) < 1.0
+
+
 @pytest.mark.parametrize("pp,vp,layers", [(4, 2, 7), (4, 2, 9), (2, 2, 7)])
 def test_lp_region_bound_holds_for_every_layout(tmp_path, pp, vp, layers):
     """lp_region_bound's bound never exceeds the makespan of any layout in the region, and the
