@@ -457,7 +457,7 @@ class RankRegion:
 
 
 def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | None" = None,
-                      time_limit_s: float = 1.0, tables=None) -> RankRegion | None:
+                      time_limit_s: float = 1.0, tables=None, feasibility_only: bool = False) -> RankRegion | None:
     """The integer consequences of a makespan below `below_s`: None where no layout has one,
     else per rank the least and most decoder layers and the most on stage 0, proven on a small
     CP-SAT model of the ranks' integer layer totals (kinds apart, their order, recompute and
@@ -492,7 +492,9 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
     forces rank 0 to hold 8 layers and stage 0 none for any layout below Megatron's split; the
     LP relaxation of the path cuts spreads 0.7 of a layer over the first stages instead.
     Coefficients are rounded down (integer nanoseconds), the goal up, so every layout below
-    `below_s` is a solution; each probe that runs out of time keeps its proven bound."""
+    `below_s` is a solution; each probe that runs out of time keeps its proven bound.
+    `feasibility_only`: one solve without probes (a tiny model: milliseconds), the region then
+    the trivial one where it does not prove the goal out of reach."""
     lin = lin or LinearLayouts(ctx)
     pp, vp, m = ctx.pp, ctx.vp, ctx.microbatches
     n = len(ctx.kind_of_layer)
@@ -569,6 +571,12 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
             return n if maximize else 0
         return min(int(math.floor(bound + 1e-6)), n) if maximize else max(int(math.ceil(bound - 1e-6)), 0)
 
+    if feasibility_only:
+        solver = cp_solver.cp_solver(random_seed=1)
+        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+        if cp_solver.solve(solver, model) == cp_model.INFEASIBLE:
+            return None
+        return RankRegion((0,) * pp, (n,) * pp, n)
     stage0_high = extreme(first, True)
     if stage0_high is None:
         return None
