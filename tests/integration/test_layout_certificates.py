@@ -62,3 +62,6 @@ def test_rank_order_proves_the_split_of_a_shipped_problem_optimal():
     region = rank_order_region(ctx, makespan * (1 + 1e-9))
     assert region is not None and region.contains(own.decoders)
     assert rank_order_region(ctx, makespan * (1 - 1e-6)) is None
+    # the one solve the search asks first says the same
+    assert rank_order_region(ctx, makespan * (1 - 1e-6), feasibility_only=True) is None
+    assert rank_order_region(ctx, makespan * (1 + 1e-9), feasibility_only=True) is not None
