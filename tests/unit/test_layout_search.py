@@ -524,6 +524,55 @@ def test_a_rank_over_through_its_transient_row_may_recompute():
     assert cp_model.CpSolver().Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 
+def test_a_rank_over_only_at_its_most_buffers_may_recompute():
+    """The activations' rows hold torchtitan's pipeline buffers at their least (a floor), so the
+    dominance tests must add the buffers' spread there too, or a rank whose floor is under the
+    capacity but whose exact peak without recompute is over it would be barred from recomputing
+    though it fits only by doing so. Llama 3.1 8B at 2K tokens, torchtitan, tp 2, pp 4, 1F1B,
+    layers 9/8/8/7: rank 0's row without recompute is 33 MiB under its exact peak (the spread is
+    42 MiB); the capacity is set between the two, where rank 0 recomputing its 9 layers fits."""
+    import math
+    import os
+
+    from ortools.sat.python import cp_model
+
+    from costmodel.specs import PP_SCHEDULES
+    from costmodel.stage_layout import layout_ledgers
+    from optimizer.layout_bounds import recomputing_ranks
+    from optimizer.layout_linear import LinearLayouts, over_capacity_without_recompute
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def context(memory_mib=None):
+        overrides = ["search.framework=torchtitan", "training.seq_len=2048", "training.dtypes.grads=bf16"]
+        problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"),
+                               overrides + ([f"hardware.memory_mib={memory_mib}"] if memory_mib else []))
+        return layout_context(problem, ConfigBatch.from_columns(64, tp=2, pp=4, vp=1, mbs=1, first_layers=8, last_layers=8, zero_stage=0,
+                                                                pp_schedule=PP_SCHEDULES.index("1f1b"), recompute=2, recompute_method=1,
+                                                                recompute_layers=1))
+
+    def peak0(ctx, layout):
+        return float(np.asarray(layout_ledgers(ctx, layout)[0].peak).ravel()[0])
+
+    decoders = (9, 8, 8, 7)
+    recomputing = StageLayout(pp=4, vp=1, decoders=decoders, mtp=(0, 0, 0, 0), recompute=(9, 0, 0, 0))
+    plain = recomputing.with_recompute((0, 0, 0, 0))
+    probe = context()
+    floor = LinearLayouts(probe).rank_rows(*LinearLayouts(probe).layout_counts(np.array([decoders + (0,) * 4])))[0][0].max()
+    ctx = context(math.floor((floor + peak0(probe, plain)) / 2 / 2**20))
+    lin = LinearLayouts(ctx)
+    counts, _ = lin.layout_counts(np.array([decoders + (0,) * 4]))
+    assert lin.rank_rows(counts, None)[0][0].max() < lin.capacity < peak0(ctx, plain)  # under by its row, over by the ledger
+    assert peak0(ctx, recomputing) <= lin.capacity
+    assert 0 in recomputing_ranks(ctx, 1e9, lin)
+    model = cp_model.CpModel()
+    run_counts = [[model.NewConstant(int(x)) for x in stage] for stage in lin.run_counts(np.array([decoders]))[0]]
+    enforce = model.NewBoolVar("recomputes")
+    model.Add(enforce == 1)
+    over_capacity_without_recompute(model, ctx, lin, 0, run_counts, enforce)
+    assert cp_model.CpSolver().Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
 def test_most_layers_binds_where_memory_does():
     """LinearLayouts.most_layers (each stage's most layers in a layout that fits: its rank's
     fixed bytes and the activations of its most-held chunk per layer, a lower bound on the
