@@ -80,7 +80,7 @@ from optimizer.layout_rounds import (
     run_count_vars,
     with_launched_recompute,
 )
-from optimizer.layout_seeds import ROUND_STARTS, fill_seed, local_search, packed_seeds, round_seeds
+from optimizer.layout_seeds import ROUND_STARTS, fill_seed, local_search, packed_seeds, round_seed_pair
 from optimizer.layout_vee import vee_layout_search
 from optimizer.schedule_graph import segment_paths
 
@@ -507,13 +507,13 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
     starts: tuple[StageLayout, ...] = ()
     if inc.layout is None and len(runs) == 1 and level is None and not graph:
         # no given layout fits: seeds whose chunk rounds are balanced under the memory rows
-        # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1, each with a
+        # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1 side by side, round_seed_pair, each with a
         # twentieth of the time at most), the ROUND_STARTS fastest on the schedule graph. Their
         # local optima differ widely and not in the order of the starts (Llama 3 405B cp 1:
         # starts at 11.36 s descend to 9.15, 9.70 or 10.27 s), and which one leads to the best
         # layout changes with the step-time coefficients: descending from each solve's best
         # answer alone gave 9.15 s, and 10.27 s after a 0.4% refit of the H100 profile
-        found = [a for k in (0, 1) for a in round_seeds(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread, random_seed=k)]
+        found = round_seed_pair(ctx, lin, min(0.5, 0.05 * time_limit_s), min_layers, max_layers, chunk_spread)
         found = list(dict.fromkeys(found))
         if found:
             order = np.argsort(lin.screen([a.decoders + a.recompute for a in found]).makespan_s, kind="stable")

@@ -7,7 +7,9 @@ scoring its moves in batches (local_search)."""
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -97,7 +99,8 @@ def fill_seed(ctx: LayoutContext, lin: LinearLayouts) -> StageLayout | None:
 
 
 def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
-                max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0) -> list[StageLayout]:
+                max_layers: int | None = None, chunk_spread: int | None = None, random_seed: int = 0,
+                stop_when: Callable[[], bool] | None = None) -> list[StageLayout]:
     """Seeds for a skeleton whose given layouts do not fit: CP-SAT's answers for the layout (and,
     where the skeleton allows it, per-stage recompute) that minimises the sum over the chunk rounds of
     their slowest stage, plus the busiest rank, under every rank's linear memory rows -- a
@@ -109,7 +112,8 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
     given seeds, repaired, stalls at a 16.5 s step; from these seeds it reaches 9.6-10.2 s.
     `random_seed` picks among CP-SAT's near-optimal answers. Returns every answer the solve
     found, the best last (its earlier ones are other starts for a local search: the better start
-    is not the better end); empty where the time runs out without a layout or none fits the rows."""
+    is not the better end); empty where the time runs out without a layout or none fits the rows.
+    `stop_when`: cp_solver.solve's (round_seed_pair stops the other solve with it)."""
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
     n_layers = len(ctx.kind_of_layer)
@@ -169,9 +173,39 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
     solver = cp_solver.cp_solver(max(4 * time_limit_s, 0.1), 1, random_seed)
     solver.parameters.max_deterministic_time = max(time_limit_s, 0.05)
     answers = Answers(t + rc)
-    if cp_solver.solve(solver, model, answers) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if cp_solver.solve(solver, model, answers, stop_when=stop_when) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return []
     return [StageLayout(pp=pp, vp=vp, decoders=a[:stages], mtp=ctx.mtp_on_last, recompute=a[stages:]) for a in answers.answers]
+
+
+def round_seed_pair(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min_layers: int = 0,
+                    max_layers: int | None = None, chunk_spread: int | None = None) -> list[StageLayout]:
+    """round_seeds with random seeds 0 and 1, the answers of the first then the second's, the
+    two solves side by side: each has one worker and a deterministic time limit, so the answers
+    are those of the two one after the other, in about half the wall time on two cores (CP-SAT
+    releases the GIL while it solves; Llama 3 405B cp 1: 2.2-2.6 s one after the other), time
+    the search's CP-SAT rounds get. A Ctrl-C stops both."""
+    stop = threading.Event()
+    other: dict = {}
+
+    def second():
+        try:
+            other["found"] = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=1, stop_when=stop.is_set)
+        except BaseException as exc:  # re-raised in the caller's thread
+            other["error"] = exc
+
+    thread = threading.Thread(target=second, name="round-seeds", daemon=True)
+    thread.start()
+    try:
+        first = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=0)
+    except BaseException:
+        stop.set()
+        thread.join()
+        raise
+    thread.join()
+    if "error" in other:
+        raise other["error"]
+    return first + other["found"]
 
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,

@@ -1466,7 +1466,7 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     from costmodel.stage_layout import balanced_layout, score_layout
     from costmodel.units import MIB
     from optimizer.layout_linear import LinearLayouts
-    from optimizer.layout_seeds import round_seeds
+    from optimizer.layout_seeds import round_seed_pair, round_seeds
 
     roomy = dense_context(tmp_path, pp, vp, 9)
     peaks = [float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy)]
@@ -1479,6 +1479,8 @@ def test_round_seed_fits_where_the_even_split_does_not(tmp_path, pp, vp):
     answers = round_seeds(ctx, lin, 1.0)
     seed = answers[-1]
     assert answers == round_seeds(ctx, lin, 1.0)
+    # the two solves side by side give what they give one after the other
+    assert round_seed_pair(ctx, lin, 1.0) == answers + round_seeds(ctx, lin, 1.0, random_seed=1)
     assert lin.fits(*lin.layout_counts(np.array(seed.decoders + seed.recompute)[None]))[0]
     assert score_layout(ctx, seed).fits
     # every answer of the solve is a start for the local search: each within the memory rows
