@@ -185,7 +185,7 @@ def round_seed_pair(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float,
     are those of the two one after the other, in about half the wall time on two cores (CP-SAT
     releases the GIL while it solves; Llama 3 405B cp 1: 2.2-2.6 s one after the other), time
     the search's CP-SAT rounds get. A Ctrl-C stops both."""
-    stop = threading.Event()
+    stop, done = threading.Event(), threading.Event()
     other: dict = {}
 
     def second():
@@ -193,16 +193,20 @@ def round_seed_pair(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float,
             other["found"] = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=1, stop_when=stop.is_set)
         except BaseException as exc:  # re-raised in the caller's thread
             other["error"] = exc
+        finally:
+            done.set()
 
-    thread = threading.Thread(target=second, name="round-seeds", daemon=True)
-    thread.start()
+    threading.Thread(target=second, name="round-seeds", daemon=True).start()
     try:
         first = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=0)
-    except BaseException:
+        # timed waits on an Event, not Thread.join (see cp_solver.solve: a Ctrl-C inside a join)
+        while not done.wait(0.05):
+            pass
+    except BaseException:  # a Ctrl-C: the other solve stops too, then it goes on up
         stop.set()
-        thread.join()
+        while not done.wait(0.05):
+            pass
         raise
-    thread.join()
     if "error" in other:
         raise other["error"]
     return first + other["found"]

@@ -10,6 +10,7 @@ its k-th call, for every k the search reaches.
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from ortools.sat.python import cp_model
@@ -129,6 +130,35 @@ def test_a_ctrl_c_stops_a_running_solve_at_once():
     assert child.returncode == 0, child.stderr
     what, seconds = child.stdout.rsplit(" ", 1)
     assert what == "KeyboardInterrupt after" and int(seconds) < 30, child.stdout
+
+
+def test_a_ctrl_c_stops_both_round_seed_solves():
+    """round_seed_pair runs two CP-SAT solves side by side (the second in a thread of its own): a
+    SIGINT two seconds in, with a limit of 60 deterministic seconds each (minutes of wall time on
+    Llama 3 405B's 128 stages), raises KeyboardInterrupt within seconds, and the second solve's
+    thread has ended by then. In a child process."""
+    code = (
+        "import os, signal, threading, time\n"
+        "from costmodel.configs import ConfigBatch\n"
+        "from costmodel.loader import load_problem\n"
+        "from costmodel.stage_layout import layout_context\n"
+        "from optimizer.layout_linear import LinearLayouts\n"
+        "from optimizer.layout_seeds import round_seed_pair\n"
+        "problem = load_problem('problems/tuning/llama3_405b_16384xh100_seq8k.yaml', ['config=null'])\n"
+        "cfg = ConfigBatch.from_columns(16384, tp=8, pp=16, vp=8, mbs=1, first_layers=7, last_layers=7, zero_stage=1)\n"
+        "ctx = layout_context(problem, cfg); lin = LinearLayouts(ctx)\n"
+        "threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "t0 = time.perf_counter()\n"
+        "try:\n"
+        "    found = round_seed_pair(ctx, lin, 60.0); print('ended', len(found), round(time.perf_counter() - t0))\n"
+        "except KeyboardInterrupt:\n"
+        "    time.sleep(0.2)\n"
+        "    print('KeyboardInterrupt', threading.active_count(), round(time.perf_counter() - t0))\n")
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert child.returncode == 0, child.stderr
+    what, threads, seconds = child.stdout.split()
+    assert what == "KeyboardInterrupt" and int(threads) == 1 and int(seconds) < 30, child.stdout
 
 
 def golomb(n: int = 13, top: int = 200):
