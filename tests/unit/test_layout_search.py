@@ -477,6 +477,46 @@ def test_linear_layouts_bound_the_ledger_on_every_skeleton(model, framework, out
         check_linear_against_ledger(ctx, rng, layouts)
 
 
+def torchtitan_8b_context(seq_len: int, memory_mib: int | None = None):
+    """Llama 3.1 8B under torchtitan (PyTorch pipelining's buffers per micro-batch), bf16
+    gradients, tp 2, pp 4, 1F1B, full recompute allowed per stage (the layouts choose it)."""
+    import os
+
+    from costmodel.specs import PP_SCHEDULES
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    overrides = ["search.framework=torchtitan", f"training.seq_len={seq_len}", "training.dtypes.grads=bf16"]
+    problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"),
+                           overrides + ([f"hardware.memory_mib={memory_mib}"] if memory_mib else []))
+    return layout_context(problem, ConfigBatch.from_columns(64, tp=2, pp=4, vp=1, mbs=1, first_layers=8, last_layers=8, zero_stage=0,
+                                                            pp_schedule=PP_SCHEDULES.index("1f1b"), recompute=2, recompute_method=1,
+                                                            recompute_layers=1))
+
+
+def rank_peaks(ctx, layout):
+    """Every rank's exact peak bytes (the ledger's)."""
+    from costmodel.stage_layout import layout_ledgers
+
+    return np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
+
+
+def assert_rank_0_may_recompute(ctx, lin, decoders):
+    """Both dominance tests let rank 0 recompute: recomputing_ranks holds it, and
+    over_capacity_without_recompute enforced on these layer counts is satisfiable."""
+    from ortools.sat.python import cp_model
+
+    from optimizer.layout_bounds import recomputing_ranks
+    from optimizer.layout_linear import over_capacity_without_recompute
+
+    assert 0 in recomputing_ranks(ctx, 1e9, lin)
+    model = cp_model.CpModel()
+    run_counts = [[model.NewConstant(int(x)) for x in stage] for stage in lin.run_counts(np.array([decoders]))[0]]
+    enforce = model.NewBoolVar("recomputes")
+    model.Add(enforce == 1)
+    over_capacity_without_recompute(model, ctx, lin, 0, run_counts, enforce)
+    assert cp_model.CpSolver().Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
 def test_a_rank_over_through_its_transient_row_may_recompute():
     """With torchtitan's pipeline buffers per micro-batch the optimizer-transient row counts
     buffers that recompute shrinks (rank 0's grow with its in-flight count), so a rank can be over
@@ -486,42 +526,16 @@ def test_a_rank_over_through_its_transient_row_may_recompute():
     layout). Llama 3.1 8B at 1K tokens, bf16 gradients, torchtitan, tp 2, pp 4, 1F1B, layers
     9/8/8/7, rank 0 recomputing its 9, the capacity rank 0's peak with them."""
     import math
-    import os
 
-    from ortools.sat.python import cp_model
-
-    from costmodel.specs import PP_SCHEDULES
-    from costmodel.stage_layout import layout_ledgers
-    from optimizer.layout_bounds import recomputing_ranks
-    from optimizer.layout_linear import LinearLayouts, over_capacity_without_recompute
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def context(memory_mib=None):
-        overrides = ["search.framework=torchtitan", "training.seq_len=1024", "training.dtypes.grads=bf16"]
-        problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"),
-                               overrides + ([f"hardware.memory_mib={memory_mib}"] if memory_mib else []))
-        return layout_context(problem, ConfigBatch.from_columns(64, tp=2, pp=4, vp=1, mbs=1, first_layers=8, last_layers=8, zero_stage=0,
-                                                                pp_schedule=PP_SCHEDULES.index("1f1b"), recompute=2, recompute_method=1,
-                                                                recompute_layers=1))
-
-    def peaks(ctx, layout):
-        return np.array([float(np.asarray(ledger.peak).ravel()[0]) for ledger in layout_ledgers(ctx, layout)])
+    from optimizer.layout_linear import LinearLayouts
 
     decoders = (9, 8, 8, 7)
     recomputing = StageLayout(pp=4, vp=1, decoders=decoders, mtp=(0, 0, 0, 0), recompute=(9, 0, 0, 0))
     plain = recomputing.with_recompute((0, 0, 0, 0))
-    ctx = context(math.ceil(peaks(context(), recomputing)[0] / 2**20))
+    ctx = torchtitan_8b_context(1024, math.ceil(rank_peaks(torchtitan_8b_context(1024), recomputing)[0] / 2**20))
     lin = LinearLayouts(ctx)
-    assert (peaks(ctx, recomputing) <= lin.capacity).all() and not (peaks(ctx, plain) <= lin.capacity).all()
-    assert 0 in recomputing_ranks(ctx, 1e9, lin)
-    model = cp_model.CpModel()
-    counts = lin.run_counts(np.array([decoders]))[0]
-    run_counts = [[model.NewConstant(int(x)) for x in stage] for stage in counts]
-    enforce = model.NewBoolVar("recomputes")
-    model.Add(enforce == 1)
-    over_capacity_without_recompute(model, ctx, lin, 0, run_counts, enforce)
-    assert cp_model.CpSolver().Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    assert (rank_peaks(ctx, recomputing) <= lin.capacity).all() and not (rank_peaks(ctx, plain) <= lin.capacity).all()
+    assert_rank_0_may_recompute(ctx, lin, decoders)
 
 
 def test_a_rank_over_only_at_its_most_buffers_may_recompute():
@@ -532,45 +546,20 @@ def test_a_rank_over_only_at_its_most_buffers_may_recompute():
     layers 9/8/8/7: rank 0's row without recompute is 33 MiB under its exact peak (the spread is
     42 MiB); the capacity is set between the two, where rank 0 recomputing its 9 layers fits."""
     import math
-    import os
 
-    from ortools.sat.python import cp_model
-
-    from costmodel.specs import PP_SCHEDULES
-    from costmodel.stage_layout import layout_ledgers
-    from optimizer.layout_bounds import recomputing_ranks
-    from optimizer.layout_linear import LinearLayouts, over_capacity_without_recompute
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def context(memory_mib=None):
-        overrides = ["search.framework=torchtitan", "training.seq_len=2048", "training.dtypes.grads=bf16"]
-        problem = load_problem(os.path.join(root, "problems/frameworks/llama31_8b_64xh100.yaml"),
-                               overrides + ([f"hardware.memory_mib={memory_mib}"] if memory_mib else []))
-        return layout_context(problem, ConfigBatch.from_columns(64, tp=2, pp=4, vp=1, mbs=1, first_layers=8, last_layers=8, zero_stage=0,
-                                                                pp_schedule=PP_SCHEDULES.index("1f1b"), recompute=2, recompute_method=1,
-                                                                recompute_layers=1))
-
-    def peak0(ctx, layout):
-        return float(np.asarray(layout_ledgers(ctx, layout)[0].peak).ravel()[0])
+    from optimizer.layout_linear import LinearLayouts
 
     decoders = (9, 8, 8, 7)
     recomputing = StageLayout(pp=4, vp=1, decoders=decoders, mtp=(0, 0, 0, 0), recompute=(9, 0, 0, 0))
     plain = recomputing.with_recompute((0, 0, 0, 0))
-    probe = context()
+    probe = torchtitan_8b_context(2048)
     floor = LinearLayouts(probe).rank_rows(*LinearLayouts(probe).layout_counts(np.array([decoders + (0,) * 4])))[0][0].max()
-    ctx = context(math.floor((floor + peak0(probe, plain)) / 2 / 2**20))
+    ctx = torchtitan_8b_context(2048, math.floor((floor + rank_peaks(probe, plain)[0]) / 2 / 2**20))
     lin = LinearLayouts(ctx)
     counts, _ = lin.layout_counts(np.array([decoders + (0,) * 4]))
-    assert lin.rank_rows(counts, None)[0][0].max() < lin.capacity < peak0(ctx, plain)  # under by its row, over by the ledger
-    assert peak0(ctx, recomputing) <= lin.capacity
-    assert 0 in recomputing_ranks(ctx, 1e9, lin)
-    model = cp_model.CpModel()
-    run_counts = [[model.NewConstant(int(x)) for x in stage] for stage in lin.run_counts(np.array([decoders]))[0]]
-    enforce = model.NewBoolVar("recomputes")
-    model.Add(enforce == 1)
-    over_capacity_without_recompute(model, ctx, lin, 0, run_counts, enforce)
-    assert cp_model.CpSolver().Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    assert lin.rank_rows(counts, None)[0][0].max() < lin.capacity < rank_peaks(ctx, plain)[0]  # under by its row, over by the ledger
+    assert rank_peaks(ctx, recomputing)[0] <= lin.capacity
+    assert_rank_0_may_recompute(ctx, lin, decoders)
 
 
 def test_most_layers_binds_where_memory_does():
