@@ -61,21 +61,8 @@ def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model
                 signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
     if not main and stop_when is None:
         return run()
-    outcome: dict = {}
-    done = threading.Event()
-
-    def worker():
-        try:
-            outcome["status"] = run()
-        except BaseException as exc:  # re-raised in the caller's thread
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=worker, name="cp-sat", daemon=True).start()
+    done, outcome = in_thread(run, "cp-sat")
     try:
-        # an Event's timed wait, not Thread.join: a KeyboardInterrupt inside join(timeout) can
-        # leave the thread's lock so that a later join returns before the thread ends (measured)
         while not done.wait(0.05):
             if stop_when is not None and stop_when():
                 solver.stop_search()
@@ -85,6 +72,30 @@ def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model
         while not done.wait(0.05):
             solver.stop_search()
         raise
+    return result(outcome)
+
+
+def in_thread(fn: Callable[[], object], name: str) -> tuple[threading.Event, dict]:
+    """Run fn() in a daemon thread: (an Event set when it ends, the dict its outcome lands in,
+    `value` or `error`; `result` reads it). Wait on the Event with timed waits, not Thread.join:
+    a KeyboardInterrupt inside join(timeout) can leave the thread's lock so that a later join
+    returns before the thread ends (measured)."""
+    done, outcome = threading.Event(), {}
+
+    def worker():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=worker, name=name, daemon=True).start()
+    return done, outcome
+
+
+def result(outcome: dict):
+    """What in_thread's fn returned, or its exception raised here."""
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["status"]
+    return outcome["value"]

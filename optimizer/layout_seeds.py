@@ -185,21 +185,11 @@ def round_seed_pair(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float,
     are those of the two one after the other, in about half the wall time on two cores (CP-SAT
     releases the GIL while it solves; Llama 3 405B cp 1: 2.2-2.6 s one after the other), time
     the search's CP-SAT rounds get. A Ctrl-C stops both."""
-    stop, done = threading.Event(), threading.Event()
-    other: dict = {}
-
-    def second():
-        try:
-            other["found"] = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=1, stop_when=stop.is_set)
-        except BaseException as exc:  # re-raised in the caller's thread
-            other["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=second, name="round-seeds", daemon=True).start()
+    stop = threading.Event()
+    done, other = cp_solver.in_thread(
+        lambda: round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=1, stop_when=stop.is_set), "round-seeds")
     try:
         first = round_seeds(ctx, lin, time_limit_s, min_layers, max_layers, chunk_spread, random_seed=0)
-        # timed waits on an Event, not Thread.join (see cp_solver.solve: a Ctrl-C inside a join)
         while not done.wait(0.05):
             pass
     except BaseException:  # a Ctrl-C: the other solve stops too, then it goes on up
@@ -207,9 +197,7 @@ def round_seed_pair(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float,
         while not done.wait(0.05):
             pass
         raise
-    if "error" in other:
-        raise other["error"]
-    return first + other["found"]
+    return first + cp_solver.result(other)
 
 
 def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float, batch: int = 64,
