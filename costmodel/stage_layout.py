@@ -56,10 +56,13 @@ dualpipev: a layout is scored on the skeleton's own op lists and in-flight vecto
 Megatron's split it is the exact model under each of them), ZeRO 0-3 (the layout search, whose
 linear model holds ZeRO-2/3's per-stage traffic only with one gradient window per stage, ZeRO-3
 kept after the forward and one kind of decoder layer, refuses the rest:
-optimizer.layout_linear.check_linear),
-no activation offload, no FCDA chunks (moe_chunks 1); `check_supported` refuses the rest with the
-reason. Those features make a rank's memory depend on its layers in ways the linear layout
-search (optimizer.layout_search) does not model yet.
+optimizer.layout_linear.check_linear), activation offload (offloaded_activations: MoFa's
+whole layer keeps each chunk in flight's input, an empty chunk's too, and Megatron's modules the
+rest of each layer; both two layers' offloaded sets in transit, once per rank; the host memory
+the offloaded activations take is each rank's, checked against its share of the node's:
+rank_host_bytes), no FCDA chunks (moe_chunks 1): `check_supported` refuses those with the
+reason, as they make a rank's memory depend on its layers in ways the linear layout search
+(optimizer.layout_search) does not model yet.
 
 DualPipeV (`StageLayout.vee`): rank r holds stages r and 2pp - 1 - r (its V), so rank 0 holds
 the embedding's stage and the head's. Its op lists are DeepSeek's order as PyTorch ports it
@@ -86,7 +89,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.compute import ComputeModel
-from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch
+from costmodel.configs import OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
 from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory, rank_params
 from costmodel.network import Network
@@ -386,14 +389,8 @@ class LayoutContext:
 def check_supported(cfg: ConfigBatch) -> None:
     """Refuse skeletons whose memory or time the per-chunk layout model does not cover. Every
     schedule is covered: a layout is scored on the skeleton's own op lists (schedule_ops)."""
-    problems = []
-    x = cfg.derived()
-    if x.any_offload:
-        problems.append("activation offload")
     if cfg.moe_chunks[0] != 1:
-        problems.append("FCDA moe_chunks")
-    if problems:
-        raise LayoutError("layout search does not model " + ", ".join(problems))
+        raise LayoutError("layout search does not model FCDA moe_chunks")
 
 
 def without_full_recompute(cfg: ConfigBatch) -> ConfigBatch:
@@ -404,6 +401,13 @@ def without_full_recompute(cfg: ConfigBatch) -> ConfigBatch:
     full = cfg.recompute == 2
     columns.update(recompute=np.where(full, 0.0, cfg.recompute), recompute_method=np.where(full, 0.0, cfg.recompute_method),
                    recompute_layers=np.where(full, zero, cfg.recompute_layers))
+    return ConfigBatch(**columns)
+
+
+def without_activation_offload(cfg: ConfigBatch) -> ConfigBatch:
+    """The configuration with activation offload switched off; every other field kept."""
+    columns = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    columns.update(activation_offload=np.zeros_like(cfg.activation_offload))
     return ConfigBatch(**columns)
 
 
@@ -448,7 +452,8 @@ class LayoutScore:
     backward_s: np.ndarray
     rank_work_s: np.ndarray  # [rank]
     peak_bytes: np.ndarray  # [rank]
-    fits: bool
+    host_bytes: np.ndarray  # [rank] host memory at its most (rank_host_bytes)
+    fits: bool  # every rank's peak within the GPU's memory and its host bytes within its share of the node's
     pipeline_s: float  # the simulated schedule's makespan + exposed P2P
     pp_exposed_s: float
     update_s: float  # the busiest rank's exposed DP communication and optimizer update (rank_update_s)
@@ -464,7 +469,9 @@ def _scalar(a) -> float:
 def unit_costs(ctx: LayoutContext) -> dict:
     """Seconds and bytes per unit of each thing a stage can hold, as the exact model composes a
     rank (costmodel.evaluate): per layer kind its forward and forward+backward time and its
-    activation bytes; the embedding's and the head's forward and both passes; one MTP module's
+    activation bytes on the GPU and on the host per micro-batch in flight (offloaded_activations;
+    `chunk_activation`: what every chunk in flight keeps whatever its layers); the embedding's
+    and the head's forward and both passes; one MTP module's
     extra (projection and its own head); the fixed overhead of a chunk. Linear in the counts,
     so the layout search uses these numbers directly.
     A fully recomputed layer of a kind, from the skeleton's costs under full recompute
@@ -476,6 +483,7 @@ def unit_costs(ctx: LayoutContext) -> dict:
     lc = ctx.lc
     k_total = np.array([_scalar(k.total) for k in lc.kinds])
     k_act = np.array([_scalar(k.activation) for k in lc.kinds])
+    gpu_act, host_act, chunk_act = offloaded_activations(ctx.cfg_plain, lc, k_act)
     if ctx.lc_full is not None:
         full = ctx.lc_full.kinds
         recompute = np.array([_scalar(k.total + k.forward) for k in full]) - k_total
@@ -486,7 +494,9 @@ def unit_costs(ctx: LayoutContext) -> dict:
     return {
         "kind_forward": np.array([_scalar(k.forward) for k in lc.kinds]),
         "kind_total": k_total,
-        "kind_activation": k_act,
+        "kind_activation": gpu_act,
+        "kind_host": host_act,
+        "chunk_activation": chunk_act,
         "kind_recompute": recompute,
         "kind_dropped": dropped,
         "kind_working": working,
@@ -502,6 +512,25 @@ def unit_costs(ctx: LayoutContext) -> dict:
         "head_saved": _scalar(lc.head_saved),
         "overhead": ctx.chunk_overhead_s,
     }
+
+
+def offloaded_activations(cfg: ConfigBatch, lc, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(GPU bytes per layer of each kind, host bytes per layer of each kind, GPU bytes per chunk
+    whatever its layers) of one micro-batch in flight under the skeleton's activation offload, as
+    costmodel.memory.activation_bytes composes them (`kept`: each kind's activations without
+    offload). MoFa's whole-layer offload sends every layer's activations to the host and keeps
+    each in-flight chunk's input (Megatron's input_tensors list: an empty chunk's too);
+    fine-grained offload sends the chosen modules' saved inputs and keeps the rest. The two
+    layers' sets in transit are once per rank, of the largest kind it holds: the ledger counts
+    them (a jump at a rank's first layer of a kind, optimizer.layout_linear.rank_memory_model)."""
+    none = (kept, np.zeros_like(kept), 0.0)
+    code = int(cfg.activation_offload[0])
+    if code == 0:
+        return none
+    if code == OFFLOAD_LAYER:
+        return np.zeros_like(kept), kept, _scalar(lc.kinds[0].input_bytes)
+    offloaded = np.array([_scalar(k.offloaded) for k in lc.kinds])
+    return kept - offloaded, offloaded, 0.0
 
 
 def stage_kind_counts(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
@@ -639,12 +668,15 @@ def recompute_working_bytes(u: dict, recomputed: np.ndarray) -> np.ndarray:
     return ((np.asarray(recomputed) > 0) * u["kind_working"]).max(axis=-1, initial=0.0)
 
 
-def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: bool, mtp_layers: int, in_flight: float, lc=None):
+def rank_ledger(ctx: LayoutContext, kind_counts: np.ndarray, first: bool, last: bool, mtp_layers: int, in_flight: float, lc=None,
+                cfg: ConfigBatch | None = None):
     """costmodel.memory's ledger of one rank holding these layers (kind_counts over the model
-    kinds, MTP layers included) with `in_flight` average chunks of activations."""
+    kinds, MTP layers included) with `in_flight` average chunks of activations (under ctx's
+    cfg_plain, or `cfg`)."""
     lc = ctx.lc if lc is None else lc
+    cfg = ctx.cfg_plain if cfg is None else cfg
     rank = RankLayers([np.array([float(c)]) for c in kind_counts], first, np.array([last]))
-    return rank_memory(rank, np.array([float(in_flight)]), lc, ctx.cfg_plain, ctx.cfg_plain.derived(), ctx.mc, ctx.communicators, mtp_layers,
+    return rank_memory(rank, np.array([float(in_flight)]), lc, cfg, cfg.derived(), ctx.mc, ctx.communicators, mtp_layers,
                        np.array([float(ctx.microbatches)]))
 
 
@@ -657,16 +689,27 @@ def rank_peak_ledger(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomput
     """The exact ledger of a rank whose local chunks hold these [chunk, kind] layers
     (MTP included) and recompute these [chunk, kind] ones: its activations at the peak are the
     largest in-flight vector of ctx.held weighted by each chunk's bytes (a recomputed layer
-    keeps its input, the others their activations) plus the working set of a recomputed layer
+    keeps its input, the others their activations; under activation offload what stays on the
+    GPU, offloaded_activations) plus the working set of a recomputed layer
     (recompute_working_bytes), handed to the ledger of ctx.cfg_plain (no recompute) as that
-    many of the rank's mean chunks in flight."""
+    many of the rank's mean chunks in flight. Its host memory is the mean chunk's (rank_host_bytes
+    has each chunk's)."""
     u = unit_costs(ctx)
-    kept = chunks @ u["kind_activation"]  # [chunk] one micro-batch of each local chunk, nothing recomputed
+    kept = u["chunk_activation"] + chunks @ u["kind_activation"]  # [chunk] one micro-batch of each local chunk, nothing recomputed
     chunk_bytes = kept - recomputed @ u["kind_dropped"]
     held = float((ctx.held[rank] @ chunk_bytes).max()) + float(recompute_working_bytes(u, recomputed.sum(axis=0)))
     mean_chunk = kept.sum() / len(kept)
     in_flight = held / mean_chunk if mean_chunk > 0 else 0.0
     return rank_ledger(ctx, chunks.sum(axis=0), rank == 0, last, mtp_layers, in_flight)
+
+
+def rank_host_bytes(ctx: LayoutContext, rank: int, chunks: np.ndarray, last: bool, mtp_layers: int) -> float:
+    """Host memory a rank whose local chunks hold these [chunk, kind] layers (MTP included)
+    uses at its most: its ledger's with nothing in flight (a CPU optimizer's states) plus its
+    offloaded activations, the largest in-flight vector of ctx.held weighted by each chunk's
+    offloaded bytes (unit_costs' kind_host)."""
+    idle = rank_ledger(ctx, chunks.sum(axis=0), rank == 0, last, mtp_layers, 0.0)
+    return _scalar(idle.host) + float((ctx.held[rank] @ (chunks @ unit_costs(ctx)["kind_host"])).max(initial=0.0))
 
 
 def rank_update_s(ctx: LayoutContext, ledger, forward_s: float, backward_s: float) -> float:
@@ -849,6 +892,16 @@ def layout_ledgers(ctx: LayoutContext, layout: StageLayout) -> list:
     return [rank_peak_ledger(ctx, r, chunks[r], recomputed[st], r == last_rank, int(mtp[r])) for r, st in enumerate(ctx.stages_of)]
 
 
+def layout_host_bytes(ctx: LayoutContext, layout: StageLayout, ledgers: list) -> np.ndarray:
+    """[rank] each rank's host memory at its most under a layout (rank_host_bytes; without
+    activation offload its ledger's, `ledgers`: layout_ledgers)."""
+    if not ctx.cfg_plain.derived().any_offload:
+        return np.array([_scalar(ledger.host) for ledger in ledgers])
+    last_rank = layout.rank_of(layout.stages - 1)
+    _, mtp, chunks = rank_counts(ctx, layout)
+    return np.array([rank_host_bytes(ctx, r, chunks[r], r == last_rank, int(mtp[r])) for r in range(layout.pp)])
+
+
 def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     """The exact model's step time and per-rank peak memory of a heterogeneous layout."""
     pp, vp = ctx.pp, ctx.vp
@@ -868,6 +921,7 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
     work = np.array([(forward + backward)[st].sum() for st in mine])
     ledgers = layout_ledgers(ctx, layout)
     peaks = np.array([_scalar(ledger.peak) for ledger in ledgers])
+    host = layout_host_bytes(ctx, layout, ledgers)
     rest = max(rank_update_s(ctx, ledger, forward[st].sum(), backward[st].sum()) for ledger, st in zip(ledgers, mine))
     f, b = per_chunk(forward, mine), per_chunk(backward, mine)
     if ctx.vee:  # the input-gradient pass and the deferred weight gradient (schedule_sim's split)
@@ -879,7 +933,8 @@ def score_layout(ctx: LayoutContext, layout: StageLayout) -> LayoutScore:
         makespan = simulate(ctx.schedule, f, b, 0.0).makespan_s
     pp_exposed = layout_pp_exposed(ctx, forward, backward, work, weight)
     pipeline = makespan + pp_exposed
-    return LayoutScore(forward, backward, work, peaks, bool((peaks <= ctx.problem.hardware.memory_bytes).all()),
+    fits = bool((peaks <= ctx.problem.hardware.memory_bytes).all() and (host <= ctx.mc.host_share_bytes).all())
+    return LayoutScore(forward, backward, work, peaks, host, fits,
                        pipeline, pp_exposed, rest, pipeline + rest, critical_path_bound_s(f + b, ctx.microbatches, f if ctx.vee else None),
                        pipeline_compute_s(work, ctx.microbatches, vp))
 

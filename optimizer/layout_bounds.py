@@ -158,7 +158,7 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
     budget = int(math.ceil(lin.capacity * scale))
     frag = lin.frag
     rows, added = {}, set()
-    for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
+    for r, (base0, base, trans0, trans, head, chunk_act) in enumerate(lin.memory):
         mine = list(range(r, stages, pp))
         held = np.asarray(ctx.held[r])
 
@@ -174,7 +174,7 @@ def recompute_split_bound(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts
         rows[r, -1] = row(lambda c, k: base[k] + (1 + frag) * trans[k], base0 + (1 + frag) * trans0, math.floor)
         for i, h in enumerate(held):
             rows[r, i] = row(lambda c, k, h=h: base[k] + (1 + frag) * h[c] * lin.u["kind_activation"][k],
-                             base0 + (1 + frag) * (head + h[-1] * mtp_act), math.floor)
+                             base0 + (1 + frag) * (head + h @ chunk_act), math.floor)
         over_capacity_without_recompute(model, ctx, lin, r, run_counts, recomputing[r])
         model.Add(rows[r, -1] <= budget)  # the optimizer transient: recompute does not lower it
         added.add((r, -1))
@@ -292,7 +292,7 @@ def recomputing_ranks(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | N
         if not keep.any():
             continue
         counts, totals = counts[keep], totals[keep]
-        base0, base, trans0, trans, head, mtp_act = lin.memory[r]
+        base0, base, trans0, trans, head, chunk_act = lin.memory[r]
         base_k = np.array([base[k] for k in kinds])
         trans_k = np.array([trans[k] for k in kinds])
         act_k = np.array([u["kind_activation"][k] for k in kinds])
@@ -301,7 +301,7 @@ def recomputing_ranks(ctx: LayoutContext, goal_s: float, lin: "LinearLayouts | N
         held = np.asarray(ctx.held[r], dtype=float)  # [vectors, chunk]
         chunk_bytes = counts @ act_k  # [V, chunk]
         # (PyTorch pipelining's buffers per micro-batch at their most: over for certain where over here)
-        activations = fixed[:, None] + lin.buffer_spread[r] + (1 + lin.frag) * (chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head)
+        activations = fixed[:, None] + lin.buffer_spread[r] + (1 + lin.frag) * (chunk_bytes @ held.T + (held @ chunk_act)[None, :] + head)
         # (and, with those buffers, the transient row at their most: recompute shrinks them too)
         over = (transient <= lin.capacity) & (np.maximum(activations.max(axis=1), transient + lin.buffer_spread[r]) > lin.capacity)
         if over.any():

@@ -7,7 +7,11 @@ counts for the supported skeletons:
     peak_r = base_r(counts) + (1 + frag) * max(activations_r, optimizer transient_r)
 with activations_r = max over the rank's in-flight vectors h (costmodel.stage_layout.held_chunks)
 of sum_c h_c * bytes of local chunk c; each h is one linear constraint. The coefficients are read
-off the exact ledger by probing it (no formula is copied), and the answer is re-scored.
+off the exact ledger by probing it (no formula is copied), and the answer is re-scored. Under
+activation offload a chunk's bytes are what stays on the GPU (costmodel.stage_layout.
+offloaded_activations: a constant per chunk in flight under MoFa's whole-layer offload, its
+input), and the in-flight rows add the two layers' offloaded sets in transit of the largest kind
+the rank holds (LinearLayouts.in_transit); the host's memory is left to the exact score.
 
 Layer kinds: a stage holds a contiguous run of the model's layers, so with prefix sums P_s the
 layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
@@ -45,6 +49,7 @@ from costmodel.stage_layout import (
     stage_windows_s,
     stage_zero_terms,
     unit_costs,
+    without_activation_offload,
 )
 from costmodel.update import windows_exposed
 from optimizer import cp_solver
@@ -63,38 +68,50 @@ def kind_runs(kind_of_layer: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, np.ndarray]:
-    """(base_0, base per kind, transient_0, transient per kind, head bytes, largest per kind) of
-    a rank, read off the exact ledger at zero activations: peak = base + largest +
-    (1+frag)*max(act + head, trans), where `largest` is the most of largest[k] over the kinds
-    the rank holds: what the ledger keeps of its largest layer (ZeRO-3 freed after the forward
-    holds the gathered copies of the largest layer running and the next, or of the edge module
-    where that is larger), a jump at a rank's first layer of a kind rather than a cost per
-    layer. Probed at 0..3 layers of each kind; refused where the steps beyond the first differ."""
+def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, float, np.ndarray, float, np.ndarray, np.ndarray]:
+    """(base_0, base per kind, transient_0, transient per kind, head bytes, largest per kind,
+    in transit per kind) of a rank, read off the exact ledger at zero activations: peak = base +
+    largest + (1+frag)*max(act + head + in transit, trans), where `largest` is the most of
+    largest[k] over the kinds the rank holds: what the ledger keeps of its largest layer (ZeRO-3
+    freed after the forward holds the gathered copies of the largest layer running and the next,
+    or of the edge module where that is larger), a jump at a rank's first layer of a kind rather
+    than a cost per layer; and `in transit` likewise the most over the kinds it holds of the
+    activations activation offload keeps of its largest layers (two layers' offloaded sets, a
+    jump at the first; 0 without offload). Probed at 0..3 layers of each kind, the ledger without
+    offload for all but the last (which offload does not change); refused where the steps beyond
+    the first differ."""
     last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
     first, last = rank == 0, rank == last_rank
     mtp = ctx.problem.model.mtp_layers if last else 0
     no_head = dataclasses.replace(ctx.lc, head_saved=0.0 * ctx.lc.head_saved)
     frag = ctx.mc.fragmentation
     k = len(ctx.kinds)
+    offload = ctx.cfg_plain.derived().any_offload
+    kept_all = without_activation_offload(ctx.cfg_plain) if offload else None
 
     def probe(counts):
-        ledger = rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head)
+        ledger = rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head, cfg=kept_all)
         trans = float(ledger.optimizer_transient[0])
         return float(ledger.peak[0]) - (1.0 + frag) * trans, trans
 
+    def in_transit(counts) -> float:
+        return float(rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head).activations[0]) if offload else 0.0
+
+    close = functools.partial(math.isclose, rel_tol=1e-9, abs_tol=1.0)  # bytes
     base0, trans0 = probe(np.zeros(k))
-    base, trans, largest = np.zeros(k), np.zeros(k), np.zeros(k)
+    transit0 = in_transit(np.zeros(k))
+    base, trans, largest, transit = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
     for j in range(k):
         (b1, t1), (b2, t2), (b3, t3) = (probe(n * np.eye(k)[j]) for n in (1, 2, 3))
         base[j], trans[j] = b2 - b1, t2 - t1
         largest[j] = b1 - base0 - base[j]
-        close = functools.partial(math.isclose, rel_tol=1e-9, abs_tol=1.0)  # bytes
-        if not (close(b3 - b2, base[j]) and close(t3 - t2, trans[j]) and close(t1 - trans0, trans[j])) or largest[j] < -1.0:
+        w1, w3 = in_transit(np.eye(k)[j]), in_transit(3 * np.eye(k)[j])
+        transit[j] = w1 - transit0
+        if not (close(b3 - b2, base[j]) and close(t3 - t2, trans[j]) and close(t1 - trans0, trans[j]) and close(w3, w1)) or largest[j] < -1.0:
             raise LayoutError(f"the layout search does not model this skeleton's memory: rank {rank}'s ledger is not linear in its layers "
                               "beyond a jump at the first; `mofa evaluate --pipeline-layout` scores a layout under it")
     head = float(np.asarray(ctx.lc.head_saved).ravel()[0]) * (1 + mtp) if last else 0.0
-    return base0 + pipeline_buffer_range(ctx, rank)[0], base, trans0, trans, head, np.maximum(largest, 0.0)
+    return base0 + pipeline_buffer_range(ctx, rank)[0], base, trans0, trans, head + transit0, np.maximum(largest, 0.0), np.maximum(transit, 0.0)
 
 
 def pipeline_buffer_range(ctx: LayoutContext, rank: int) -> tuple[float, float]:
@@ -126,26 +143,32 @@ def pipeline_buffer_range(ctx: LayoutContext, rank: int) -> tuple[float, float]:
     return scale * float(count.min()), scale * float(count.max())
 
 
-def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[tuple[float, np.ndarray, float, np.ndarray, float, float], np.ndarray]:
+def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[tuple[float, np.ndarray, float, np.ndarray, float, np.ndarray], np.ndarray,
+                                                                np.ndarray]:
     """rank_memory_model's (base_0, base per kind, transient_0, transient per kind, head bytes)
-    with the MTP modules of the last rank folded into the constants, and the MTP modules'
-    activation bytes (held with the last local chunk): the rank fits when
+    with the MTP modules of the last rank folded into the constants, and [chunk] the bytes one
+    micro-batch in flight of each local chunk holds whatever its decoder layers (`chunk_act`:
+    the MTP modules' activations, with the last local chunk; the input every chunk keeps under
+    MoFa's whole-layer activation offload, stage_layout.offloaded_activations): the rank fits when
         base_0 + base . counts + largest + (1+frag) * max(transient_0 + transient . counts,
-                                               max_h sum_c h_c act . chunk_c + head + h_last * mtp_act) <= capacity
-    over its in-flight vectors h (ctx.held); and, apart, rank_memory_model's largest per kind
-    (largest: its most over the kinds the rank holds, the MTP modules' kind included on the last
-    rank). The CP-SAT model and the local search read it."""
-    base0, base, trans0, trans, head, largest = rank_memory_model(ctx, rank)
-    mtp_act = 0.0
+                                               max_h sum_c h_c (act . chunk_c + chunk_act_c) + head + in transit) <= capacity
+    over its in-flight vectors h (ctx.held); and, apart, rank_memory_model's largest per kind and
+    in transit per kind (each its most over the kinds the rank holds, the MTP modules' kind
+    included on the last rank). The CP-SAT model and the local search read it."""
+    base0, base, trans0, trans, head, largest, transit = rank_memory_model(ctx, rank)
+    u = unit_costs(ctx)
+    chunk_act = np.full(ctx.vp, float(u["chunk_activation"]))
     if rank == stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1] and ctx.mtp_kind is not None:
         mtp_layers = ctx.problem.model.mtp_layers
         base0 += mtp_layers * base[ctx.mtp_kind]
         trans0 += mtp_layers * trans[ctx.mtp_kind]
-        mtp_act = mtp_layers * unit_costs(ctx)["kind_activation"][ctx.mtp_kind]
-        if mtp_layers:  # the MTP modules' layers are always held: their kind's jump is every layout's
+        chunk_act[-1] += mtp_layers * u["kind_activation"][ctx.mtp_kind]
+        if mtp_layers:  # the MTP modules' layers are always held: their kind's jumps are every layout's
             base0 += largest[ctx.mtp_kind]
             largest = np.maximum(largest - largest[ctx.mtp_kind], 0.0)
-    return (base0, base, trans0, trans, head, mtp_act), largest
+            head += transit[ctx.mtp_kind]
+            transit = np.maximum(transit - transit[ctx.mtp_kind], 0.0)
+    return (base0, base, trans0, trans, head, chunk_act), largest, transit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,13 +286,19 @@ class LinearLayouts:
             self._add_zero_traffic(u, edge, mtp, first, last)
             self._check_times()
         terms = [rank_memory_terms(ctx, r) for r in range(ctx.pp)]
-        self.memory = [linear for linear, _ in terms]
+        self.memory = [linear for linear, _, _ in terms]
         # per rank, [kind] what holding a layer of that kind adds to its peak beyond `memory`'s
         # linear terms (rank_memory_model's largest: ZeRO-3 freed after the forward; 0 elsewhere),
         # the most over the kinds it holds: exact in rank_rows and MemoryRows, an upper bound (the
         # most over every kind) where a test must not miss a rank over the capacity, left out
         # (a lower bound) where a row must hold for every fitting layout
-        self.largest = [largest for _, largest in terms]
+        self.largest = [largest for _, largest, _ in terms]
+        # per rank, [kind] what activation offload keeps on the GPU of the largest layers it holds
+        # (two layers' offloaded sets in transit, rank_memory_model; 0 without offload), the most
+        # over the kinds it holds: in the in-flight rows only (not the transient's), exact in
+        # rank_rows and MemoryRows, at its most over every kind in the seeds' rows, left out
+        # where a row must hold for every fitting layout
+        self.in_transit = [transit for _, _, transit in terms]
         # per rank, how far PyTorch pipelining's buffers per micro-batch can lift its peak above
         # `memory`'s rows, which hold them at their least (pipeline_buffer_range; 0 elsewhere):
         # added where a test must not miss a rank over the capacity
@@ -545,7 +574,7 @@ class LinearLayouts:
         Recomputed layers keep their input instead of their activations and add the working
         set of the largest kind the rank recomputes (stage_layout.recompute_working_bytes)."""
         out = []
-        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
+        for r, (base0, base, trans0, trans, head, chunk_act) in enumerate(self.memory):
             mine = counts[:, self.ctx.stages_of[r], :]  # [K, chunk, run]
             fixed = base0 + mine.sum(axis=1) @ base[self.kind_of_run]
             transient = trans0 + mine.sum(axis=1) @ trans[self.kind_of_run]
@@ -558,16 +587,16 @@ class LinearLayouts:
                 per_kind = np.zeros((len(counts), len(self.ctx.kinds)))
                 np.add.at(per_kind.T, self.kind_of_run, rmine.sum(axis=1).T)
                 working = recompute_working_bytes(self.u, per_kind)[:, None]
-            activations = chunk_bytes @ held.T + held[:, -1][None, :] * mtp_act + head + working
-            out.append((fixed + self.largest_bytes(r, mine))[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
+            activations = chunk_bytes @ held.T + (held @ chunk_act)[None, :] + head + working + self.most_held(self.in_transit[r], mine)[:, None]
+            out.append((fixed + self.most_held(self.largest[r], mine))[:, None] + (1 + self.frag) * np.concatenate([transient[:, None], activations], axis=1))
         return out
 
-    def largest_bytes(self, rank: int, mine: np.ndarray) -> np.ndarray:
-        """[K] what rank `rank` adds for the largest layer it holds (self.largest: the most over
-        the kinds it holds), from its run counts [K, chunk, run]."""
-        largest = self.largest[rank][self.kind_of_run]  # [run]
+    def most_held(self, per_kind: np.ndarray, mine: np.ndarray) -> np.ndarray:
+        """[K] the most of `per_kind` ([kind] bytes: a rank's largest or in_transit) over the
+        kinds a rank holds, from its run counts [K, chunk, run]."""
+        values = per_kind[self.kind_of_run]  # [run]
         held = mine.sum(axis=1) > 0  # [K, run]
-        return (held * largest).max(axis=1, initial=0.0)
+        return (held * values).max(axis=1, initial=0.0)
 
     def most_layers(self) -> np.ndarray:
         """[stage] the most layers a stage holds in any layout that fits: its rank's fixed bytes
@@ -578,7 +607,7 @@ class LinearLayouts:
         out = np.full(self.stages, len(self.ctx.kind_of_layer), dtype=np.int64)
         kinds = sorted(set(self.kind_of_run.tolist()))
         act = self.u["kind_activation"] - (self.u["kind_dropped"] if self.recompute else 0.0)
-        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(self.memory):
+        for r, (base0, base, trans0, trans, head, _) in enumerate(self.memory):
             if min(base[k] for k in kinds) < 0:
                 continue  # a layer elsewhere on the rank could lower its peak: no bound from it
             held = np.asarray(self.ctx.held[r], dtype=float)
@@ -602,7 +631,7 @@ class LinearLayouts:
         k = self.kind_of_run[j]
         out = np.zeros(self.stages)
         for r, mine in enumerate(self.ctx.stages_of):
-            base0, base, trans0, trans, head, mtp_act = self.memory[r]
+            base = self.memory[r][1]
             for c, s in enumerate(mine):
                 out[s] = base[k] + (1 + self.frag) * self.act[j] * self.ctx.held[r][:, c].max()
         return out
@@ -660,7 +689,7 @@ def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext,
     With PyTorch pipelining's buffers per micro-batch (torchtitan: buffer_spread > 0) the
     optimizer-transient row counts buffers too, which recompute shrinks with the rank's in-flight
     count: there the rank may also be over through that row (at its most), either one."""
-    base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
+    base0, base, trans0, trans, head, chunk_act = lin.memory[rank]
     mine = [int(s) for s in ctx.stages_of[rank]]
     held = np.asarray(ctx.held[rank])
     top = held.max(axis=0) if len(held) else np.zeros(len(mine))
@@ -671,7 +700,7 @@ def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext,
                    if (coef := int(math.ceil((base[k] + (1 + lin.frag) * top[c] * act[k]) * scale))))
     # the largest layer's bytes at their most over the kinds (an upper bound: never misses a rank over)
     fixed = base0 + float(lin.largest[rank].max(initial=0.0)) + lin.buffer_spread[rank]
-    envelope += int(math.ceil((fixed + (1 + lin.frag) * (head + top[-1] * mtp_act)) * scale))
+    envelope += int(math.ceil((fixed + (1 + lin.frag) * (head + top @ chunk_act)) * scale))
     over = int(math.floor(lin.capacity * scale)) + 1
     if lin.buffer_spread[rank] <= 0:  # the transient row does not depend on recompute: over there, over with it too
         model.Add(envelope >= over).OnlyEnforceIf(enforce)
@@ -703,7 +732,7 @@ class MemoryRows:
         self.budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
         self.rows = {}  # (rank, vector index or -1 for the transient) -> its left side
         self.added = set()
-        for r, (base0, base, trans0, trans, head, mtp_act) in enumerate(lin.memory):
+        for r, (base0, base, trans0, trans, head, chunk_act) in enumerate(lin.memory):
             mine = [int(s) for s in ctx.stages_of[r]]
             kind_count = {k: [] for k in range(len(ctx.kinds))}
             for s in mine:
@@ -711,17 +740,24 @@ class MemoryRows:
                     kind_count[k].append(run_counts[s][j])
             base_expr = sum(int(round(base[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(base0 / BYTE_SCALE))
             trans_expr = sum(int(round(trans[k] / BYTE_SCALE)) * sum(v) for k, v in kind_count.items() if v) + int(round(trans0 / BYTE_SCALE))
-            if lin.largest[r].any():
-                # the largest layer the rank holds: g >= largest_k * y_k, y_k = 1 where the rank
-                # holds a layer of kind k (g only relaxes the rows upward from 0, so its least
-                # value is the max; rounded down, so that the rows stay relaxed)
-                g = model.NewIntVar(0, int(lin.largest[r].max() // BYTE_SCALE), f"g{r}")
-                for k, v in kind_count.items():
-                    if v and lin.largest[r][k] >= BYTE_SCALE:
-                        y = model.NewBoolVar(f"holds{r}_{k}")
-                        model.Add(sum(v) <= n_layers * y)
-                        model.Add(g >= int(lin.largest[r][k] // BYTE_SCALE) * y)
-                base_expr = base_expr + g
+            holds = {}  # kind -> y_k, 1 where the rank holds a layer of kind k
+
+            def most_held(per_kind: np.ndarray, tag: str, r=r, kind_count=kind_count, holds=holds):
+                """v >= per_kind[k] * y_k over the kinds (v only relaxes the rows upward from 0,
+                so its least value is the max; rounded down, so that the rows stay relaxed)."""
+                v = model.NewIntVar(0, int(per_kind.max() // BYTE_SCALE), f"{tag}{r}")
+                for k, counts in kind_count.items():
+                    if counts and per_kind[k] >= BYTE_SCALE:
+                        if k not in holds:
+                            holds[k] = model.NewBoolVar(f"holds{r}_{k}")
+                            model.Add(sum(counts) <= n_layers * holds[k])
+                        model.Add(v >= int(per_kind[k] // BYTE_SCALE) * holds[k])
+                return v
+
+            if lin.largest[r].any():  # the largest layer the rank holds (LinearLayouts.largest)
+                base_expr = base_expr + most_held(lin.largest[r], "g")
+            # activation offload's sets in transit, in the in-flight rows only (LinearLayouts.in_transit)
+            in_transit = most_held(lin.in_transit[r], "transit") if lin.in_transit[r].any() else 0
             self.rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
             working = 0
             if rc_counts is not None:
@@ -741,8 +777,8 @@ class MemoryRows:
                 if rc_counts is not None:  # what the recomputed layers do not keep
                     act_expr = act_expr - sum(int(h[c]) * sum(int(round(u["kind_dropped"][k] / BYTE_SCALE)) * rc_counts[s][j]
                                                               for j, k in enumerate(kind_of_run)) for c, s in enumerate(mine) if h[c]) + working
-                const = int(round((head + int(h[-1]) * mtp_act) / BYTE_SCALE))
-                self.rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const)
+                const = int(round((head + h @ chunk_act) / BYTE_SCALE))
+                self.rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const + in_transit)
         for r in range(ctx.pp):
             self.add((r, -1))
 
@@ -838,13 +874,13 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
     405B's 16 ranks: 2.4 s -> 0.7 s on 2 cores, 468 solves -> 329, the same tables)."""
     assert len(lin.runs) == 1
     u, vp = lin.u, ctx.vp
-    base0, base, trans0, trans, head, mtp_act = lin.memory[rank]
+    base0, base, trans0, trans, head, chunk_act = lin.memory[rank]
     k = int(lin.kind_of_run[0])
     act = int(u["kind_activation"][k] // BYTE_SCALE)
     dropped = int(-(-u["kind_dropped"][k] // BYTE_SCALE))
     working = int(u["kind_working"][k] // BYTE_SCALE)
     held = np.asarray(ctx.held[rank], dtype=np.int64)
-    consts = [head + float(h[-1]) * mtp_act for h in held]
+    consts = [head + float(h @ chunk_act) for h in held]
     model = cp_model.CpModel()
     total = model.NewIntVar(0, most, "L")
     t = [model.NewIntVar(0, most, "") for _ in range(vp)]

@@ -141,10 +141,11 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
             model.AddMinEquality(low, [t[s] for s in mine])
             for s in mine:
                 model.Add(t[s] <= low + chunk_spread)
-        base0, base, trans0, trans, head, mtp_act = lin.memory[r]
+        base0, base, trans0, trans, head, chunk_act = lin.memory[r]
         layers = sum(t[s] for s in mine)
-        # the largest layer's bytes and PyTorch pipelining's buffers at their most as constants (upper
-        # bounds: what fits here fits the linear test and the ledger)
+        # the largest layer's bytes, PyTorch pipelining's buffers and activation offload's sets in
+        # transit at their most as constants (upper bounds: what fits here fits the linear test and
+        # the ledger)
         fixed = (int(math.ceil((base0 + float(lin.largest[r].max(initial=0.0)) + lin.buffer_spread[r]) / BYTE_SCALE))
                  + int(math.ceil(base[0] / BYTE_SCALE)) * layers)
         model.Add(fixed + kib(trans0) + kib(trans[0]) * layers <= cap)
@@ -155,7 +156,7 @@ def round_seeds(ctx: LayoutContext, lin: LinearLayouts, time_limit_s: float, min
             working = kib(lin.u["kind_working"][0]) * y
         for h in ctx.held[r]:
             act = sum(kib(h[c] * lin.act[0]) * t[s] - (kib(h[c] * lin.dropped[0]) * rc[s] if recompute else 0) for c, s in enumerate(mine))
-            model.Add(fixed + act + kib(head + h[-1] * mtp_act) + working <= cap)
+            model.Add(fixed + act + kib(head + h @ chunk_act + float(lin.in_transit[r].max(initial=0.0))) + working <= cap)
     rounds = []
     for c in range(vp):
         slowest = model.NewIntVar(0, int(2 * n_layers * (per_layer + per_recompute) + const.max()) + 1, f"M{c}")

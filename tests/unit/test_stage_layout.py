@@ -16,6 +16,7 @@ from costmodel.stage_layout import (
     critical_path_bound_s,
     held_chunks,
     layout_context,
+    layout_ledgers,
     megatron_layout,
     rank_stages,
     score_layout,
@@ -262,7 +263,6 @@ def test_recompute_needs_a_full_recompute_skeleton(llama):
 
 
 @pytest.mark.parametrize("columns,reason", [
-    (dict(pp=16, vp=8, activation_offload=1), "activation offload"),
     (dict(pp=16, vp=8, moe_chunks=2), "FCDA moe_chunks"),
 ])
 def test_skeletons_the_layout_model_does_not_cover_are_refused(llama, columns, reason):
@@ -272,6 +272,76 @@ def test_skeletons_the_layout_model_does_not_cover_are_refused(llama, columns, r
     cfg = ConfigBatch.from_columns(16384, tp=8, mbs=1, first_layers=7, last_layers=7, **columns)
     with pytest.raises(LayoutError, match="layout search does not model " + reason.replace("(", r"\(").replace(")", r"\)")):
         layout_context(problem, cfg)
+
+
+def offload_context(offload, vp: int, overrides=()):
+    """MoFa 5.3's Llama 3 405B on 64 GPUs, gbs 64 (problems/tuning/llama3_405b_64gpu_gbs64.yaml)
+    as `mofa solve` answers it: tp 2, cp 2, pp 16, ZeRO-1 with a CPU optimizer, first/last stages
+    7 layers, activation offload `offload` ("layer" or a module list)."""
+    setting = offload if isinstance(offload, str) else "[" + ",".join(offload) + "]"
+    problem = load_problem("problems/tuning/llama3_405b_64gpu_gbs64.yaml",
+                           ["tp=2", "cp=2", "pp=16", f"vp={vp}", "mbs=1", "layer_split=uneven", "first_stage_layers=7", "last_stage_layers=7",
+                            "zero_stage=1", f"pp_overlap={str(vp > 1).lower()}", "dp_overlap=true", "cpu_optimizer=true",
+                            f"activation_offload={setting}", *overrides])
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    return problem, cfg, layout_context(problem, cfg)
+
+
+@pytest.mark.parametrize("offload", ["layer", ["core_attn", "attn_proj"], ["qkv_linear", "mlp_norm"]])
+@pytest.mark.parametrize("vp", [1, 8])
+def test_megatron_split_scores_as_the_exact_model_under_activation_offload(offload, vp):
+    """Activation offload (MoFa's whole layer, eq. 33, and Megatron's fine-grained modules) on the
+    shipped problem whose answer offloads: Megatron's split scores as evaluate (worst-rank peak,
+    closed-form pipeline, exposed P2P, DP/update, all to 1e-9), and its host memory, the
+    offloaded activations per chunk in flight plus the CPU optimizer's states, is evaluate's
+    (1e-9). Under whole-layer offload that is 211 GiB a GPU at vp 8."""
+    problem, cfg, ctx = offload_context(offload, vp)
+    e = evaluate(problem, cfg)
+    score = score_layout(ctx, megatron_layout(126, 0, 16, vp, 7, 7))
+    assert_scores_as_the_exact_model(e, score)
+    assert score.host_bytes.max() == pytest.approx(float(e.host_bytes[0]), rel=1e-9)
+    assert score.fits == bool(e.fits[0] and e.host_fits[0])
+
+
+def test_whole_layer_offload_keeps_one_input_per_chunk_in_flight_whatever_its_layers():
+    """Under MoFa's whole-layer offload a rank keeps on the GPU the input of every chunk in flight
+    (Megatron's input_tensors list: an empty chunk's too) and two layers' sets, whatever layers
+    its chunks hold: every rank's activation bytes are the same on the split and on a layout
+    that empties some chunks and piles layers on others (each rank keeping some layer), while
+    its host bytes follow the layers it offloads."""
+    _, _, ctx = offload_context("layer", 8)
+    split = megatron_layout(126, 0, 16, 8, 7, 7)
+    decoders = list(split.decoders)
+    for s in range(16, 112, 3):  # empty every third middle stage into the next one
+        decoders[s + 1] += decoders[s]
+        decoders[s] = 0
+    piled = StageLayout(pp=16, vp=8, decoders=tuple(decoders), mtp=split.mtp)
+    assert 0 in piled.decoders[1:-1]
+    on_split, on_piled = layout_ledgers(ctx, split), layout_ledgers(ctx, piled)
+    for a, b in zip(on_split, on_piled):
+        assert float(b.activations[0]) == pytest.approx(float(a.activations[0]), rel=1e-12)
+    host_split, host_piled = score_layout(ctx, split).host_bytes, score_layout(ctx, piled).host_bytes
+    assert host_piled.max() > host_split.max()
+
+
+def test_a_layout_over_the_hosts_memory_does_not_fit():
+    """Host memory is a rank's too: under whole-layer offload each chunk offloads its layers'
+    activations for every micro-batch it has in flight, and a rank's first chunk has the most.
+    Rank 1 moving a layer from its last chunk to its first keeps every GPU's peak (its layers,
+    its in-flight inputs) and offloads 32 GiB more (211 -> 243 GiB); with the node's host memory
+    just above the split's need that layout does not fit (LayoutScore.fits), as evaluate refuses
+    a configuration over the host (host_fits)."""
+    _, _, ctx = offload_context("layer", 8)
+    split = megatron_layout(126, 0, 16, 8, 7, 7)
+    need_gb = score_layout(ctx, split).host_bytes.max() * 8 / 1e9
+    _, _, tight = offload_context("layer", 8, [f"hardware.host_memory_gb_per_node={need_gb * 1.001}"])
+    on_split = score_layout(tight, split)
+    assert on_split.fits
+    decoders = list(split.decoders)
+    decoders[1], decoders[113] = decoders[1] + 1, decoders[113] - 1  # rank 1's chunks 0 and 7
+    moved = score_layout(tight, StageLayout(pp=16, vp=8, decoders=tuple(decoders), mtp=split.mtp))
+    np.testing.assert_array_equal(moved.peak_bytes, on_split.peak_bytes)
+    assert moved.host_bytes[1] > tight.mc.host_share_bytes and not moved.fits
 
 
 def test_dualpipev_places_stages_in_a_v():
