@@ -80,6 +80,7 @@ from optimizer.layout_rounds import (
     run_count_vars,
     with_launched_recompute,
 )
+from optimizer.layout_oracles import enumerate_layouts
 from optimizer.layout_seeds import ROUND_STARTS, fill_seed, local_search, packed_seeds, round_seed_pair
 from optimizer.layout_vee import vee_layout_search
 from optimizer.schedule_graph import segment_paths
@@ -1005,6 +1006,36 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                           proven, time.perf_counter() - start, inc.score.fits, rounds, source, interrupted)
 
 
+#: layout_report scores every layout (layout_oracles.enumerate_layouts, the exact model on each)
+#: where there are at most this many: a single stage (pp = vp = 1: one layout, with full recompute
+#: one per recompute count) or a few stages of few layers; ~2-10 ms a layout
+ENUMERATED_LAYOUTS = 256
+
+
+def enumerated_solutions(ctx: LayoutContext) -> tuple[LayoutSolution, LayoutSolution] | None:
+    """(the best layout, the best with one --recompute-num-layers N) of a skeleton with at most
+    ENUMERATED_LAYOUTS layouts, every one scored by the exact model: least makespan among those
+    that fit (the searches' objective), then least step; the bound is that makespan, proven by
+    enumeration. None where the space is larger. Raises LayoutError where none fits."""
+    from costmodel.stage_layout import space_size
+
+    if space_size(len(ctx.kind_of_layer), ctx.pp * ctx.vp, ctx.recompute_allowed) > ENUMERATED_LAYOUTS:
+        return None
+    start = time.perf_counter()
+    scored = [(layout, score) for layout, score in enumerate_layouts(ctx) if score.fits]
+    if not scored:
+        raise LayoutError("no layout of this configuration fits the GPU memory (every layout scored)")
+    elapsed = time.perf_counter() - start
+
+    def best(pairs) -> LayoutSolution:
+        layout, score = min(pairs, key=lambda pair: (layout_makespan(pair[1]), pair[1].step_time_s))
+        makespan = layout_makespan(score)
+        return LayoutSolution(layout, score.step_time_s, makespan, score.bound_s, makespan, True, elapsed, True, 0, "enumerated")
+
+    expressible = [pair for pair in scored if not ctx.recompute_allowed or pair[0].uniform_recompute() is not None]
+    return best(scored), best(expressible) if expressible else best(scored)
+
+
 def two_phase(ctx: LayoutContext, time_limit_s: float, workers: int, seeds: tuple[StageLayout, ...],
               regular_share: float = 0.4, free_floor: float = 0.3, scores: dict | None = None, paths: set | None = None,
               tables: dict | None = None) -> tuple[LayoutSolution | None, LayoutSolution]:
@@ -1088,6 +1119,7 @@ _BOUND_NOTES = {
                   "--recompute-num-layers N among them"),
     "levels": ("every --recompute-num-layers N >= 1 ruled out by the ranks' busy time (level_work_bounds: with one N every "
                "chunk that holds a layer recomputes one), the layouts without recompute bounded by the search without recompute"),
+    "enumerated": f"every layout of the skeleton scored by the exact model (it has at most {ENUMERATED_LAYOUTS})",
     "vee-cp-sat": ("DualPipeV: proven by CP-SAT over the critical-path cuts of the V's schedule graph (forward, input- and "
                    "weight-gradient passes) and its memory rows (vee_rounds), for every V layout of the skeleton"),
     "vee-rank": ("DualPipeV, CP-SAT's rounds over the V (vee_rounds) proved no more in time, or no layout fits: each rank's "
@@ -1192,7 +1224,9 @@ def given_layout_report(problem, cfg, text: str, block_layers: int | None = None
         "update_s": score.update_s,  # the busiest rank's DP reduce and optimizer update (rank_update_s)
         "peak_bytes": [float(b) for b in score.peak_bytes],
         "worst_rank": int(np.argmax(score.peak_bytes)),
-        "fits": score.fits,
+        "host_bytes": [float(b) for b in score.host_bytes],  # each rank's host memory at its most (rank_host_bytes)
+        "host_share_bytes": float(ctx.mc.host_share_bytes),  # a GPU's share of its node's
+        "fits": score.fits,  # every GPU's memory and every rank's host share
         "megatron_split": own.to_megatron(),
         "megatron_split_step_time_s": own_score.step_time_s,
         "megatron_split_update_s": own_score.update_s,
@@ -1231,16 +1265,20 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
         own_score = score_layout(ctx, own)
         start = time.perf_counter()
         scores, paths, tables = {}, set(), {}  # shared by the searches of this skeleton
-        if ctx.vee:  # the V's own search: a descent scored by the exact model, then CP-SAT rounds over the V's graph
-            regular_solution, solution = None, vee_layout_search(ctx, time_limit_s, own, scores, workers)
+        enumerated = enumerated_solutions(ctx)
+        if enumerated is not None:  # few enough to score every one
+            regular_solution, (free, solution) = None, enumerated
         else:
-            regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,),
-                                                   scores=scores, paths=paths, tables=tables)
-        free = solution
+            if ctx.vee:  # the V's own search: a descent scored by the exact model, then CP-SAT rounds over the V's graph
+                regular_solution, solution = None, vee_layout_search(ctx, time_limit_s, own, scores, workers)
+            else:
+                regular_solution, solution = two_phase(ctx, time_limit_s * (2 / 3 if ctx.recompute_allowed else 1.0), workers, (own,),
+                                                       scores=scores, paths=paths, tables=tables)
+            free = solution
         expressible = not ctx.recompute_allowed or free.layout.uniform_recompute() is not None
         if free.interrupted and not expressible:  # before the search with one N: its answer's layers with the fewest N that fits
             solution = one_n_after_ctrl_c(ctx, own, (free,) + ((regular_solution,) if regular_solution is not None else ()), scores)
-        if ctx.recompute_allowed and not ctx.vee and not free.interrupted:
+        if ctx.recompute_allowed and not ctx.vee and not free.interrupted and enumerated is None:
             # the layouts Megatron launches (one N) are searched whether or not the answer above
             # is one of them: their own bounds (level_work_bounds) can certify what the search
             # over any per-stage counts does not (DeepSeek-V3: no N >= 1 beats the optimum without)

@@ -72,6 +72,8 @@ def render_given_layout(report: dict) -> str:
     line = (f"pipeline layout (given; simulated schedule, costmodel.stage_layout): step {report['step_time_s']:.4f} s against "
             f"{split} for the configuration's split ({100 * report['gain']:+.2f}%); peak {max(gib):.1f} GiB on rank "
             f"{report['worst_rank']} ({min(gib):.1f}-{max(gib):.1f} over the ranks), {fits}\n  --pipeline-model-parallel-layout {report['layout']}")
+    if max(report["host_bytes"]) > report["host_share_bytes"]:
+        line += f"\n  host memory short: {max(report['host_bytes']) / 1e9:.0f} GB on a rank, {report['host_share_bytes'] / 1e9:.0f} GB a GPU's share"
     if "recompute" in report:
         line += f"\n  recompute per stage {report['recompute']} (the configuration's recompute on every stage)"
     return line

@@ -65,3 +65,50 @@ def test_rank_order_proves_the_split_of_a_shipped_problem_optimal():
     # the one solve the search asks first says the same
     assert rank_order_region(ctx, makespan * (1 - 1e-6), feasibility_only=True) is None
     assert rank_order_region(ctx, makespan * (1 + 1e-9), feasibility_only=True) is not None
+
+
+LLAMA_64 = Path(__file__).resolve().parents[2] / "problems" / "tuning" / "llama3_405b_64gpu_gbs64.yaml"
+
+
+def test_the_shipped_answer_that_offloads_activations_is_certified():
+    """`mofa solve problems/tuning/llama3_405b_64gpu_gbs64.yaml --pipeline-layouts` (MoFa 5.3):
+    its answer (tp 2, cp 2, pp 16 x vp 8, ZeRO-1, CPU optimizer, MoFa's whole-layer activation
+    offload) was refused by the layout search, which did not model offload. Now its memory rows
+    hold each chunk's input in flight and two layers' sets in transit, and Megatron's split is
+    proven optimal among its 7e74 layouts."""
+    from optimizer.layout_search import layout_report
+
+    problem = load_problem(str(LLAMA_64), ["tp=2", "cp=2", "pp=16", "vp=8", "mbs=1", "layer_split=uneven", "first_stage_layers=7",
+                                           "last_stage_layers=7", "zero_stage=1", "pp_overlap=true", "dp_overlap=true", "cpu_optimizer=true",
+                                           "activation_offload=layer"])
+    report, launched = layout_report(problem, ConfigBatch.from_specs(problem, [problem.config]))
+    assert "refused" not in report, report
+    assert report["optimal"] and report["gap"] <= 1e-6 and not report["applied"] and launched is None
+
+
+LLAMA2_128 = Path(__file__).resolve().parents[2] / "problems" / "tuning" / "llama2_70b_128gpu.yaml"
+
+
+def test_a_single_stage_is_enumerated():
+    """pp = 1 has one layout (with full recompute, one per recompute count): layout_report scores
+    every one with the exact model instead of searching (ZeRO-3's gradient window at pp 1, two
+    layers' worth, is not linear in the layers: the linear model refused it). On Llama 2 70B on
+    128 GPUs (ZeRO-3, mbs 2) with full recompute and 60 GiB, the answer recomputes the fewest
+    layers that fit: one fewer does not."""
+    from costmodel.stage_layout import layout_context, score_layout
+    from optimizer.layout_search import layout_report
+
+    common = ["tp=1", "pp=1", "mbs=2", "zero_stage=3", "dp_overlap=true"]
+    offload = load_problem(str(LLAMA2_128), common + ["activation_offload=layer"])
+    report, _ = layout_report(offload, ConfigBatch.from_specs(offload, [offload.config]))
+    assert report["optimal"] and report["space_size"] == 1 and report["bound"].startswith("every layout of the skeleton scored")
+    problem = load_problem(str(LLAMA2_128), common + ["recompute=full", "recompute_method=block", "recompute_num_layers=80",
+                                                      "hardware.memory_mib=61440"])
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    report, _ = layout_report(problem, cfg)
+    assert report["optimal"] and report["space_size"] == 81
+    fewest = report["recompute_num_layers"]
+    ctx = layout_context(problem, cfg)
+    own = megatron_layout(80, 0, 1, 1, 80, 80)
+    assert 0 < fewest < 80 and score_layout(ctx, own.with_recompute([fewest])).fits
+    assert not score_layout(ctx, own.with_recompute([fewest - 1])).fits

@@ -316,3 +316,27 @@ def test_evaluate_scores_and_launches_a_layout_under_dualpipev():
     assert [sum(n.startswith("layers.") for n in st) for st in stages] == sizes
     args = torchtitan_args(plan)
     assert args[args.index("--parallelism.pipeline-parallel-schedule") + 1] == "DualPipeV" and "--module" in args
+
+
+def test_evaluate_says_where_a_given_layout_is_short_of_host_memory():
+    """`mofa evaluate --pipeline-layout` under MoFa's whole-layer activation offload (the shipped
+    gbs 64 answer, tp 2, cp 2, pp 16 x vp 8), with a node's host memory just above what the
+    split offloads: rank 1 moving a layer from its last chunk to its first keeps every GPU's peak
+    and offloads 32 GiB more; the report says the host is short and that the layout does not
+    fit (its JSON: each rank's host bytes and the share)."""
+    from costmodel.stage_layout import megatron_layout
+
+    problem = PROBLEMS / "tuning" / "llama3_405b_64gpu_gbs64.yaml"
+    overrides = ["tp=2", "cp=2", "pp=16", "vp=8", "mbs=1", "layer_split=uneven", "first_stage_layers=7", "last_stage_layers=7", "zero_stage=1",
+                 "pp_overlap=true", "dp_overlap=true", "cpu_optimizer=true", "activation_offload=layer", "hardware.host_memory_gb_per_node=1816"]
+    split = megatron_layout(126, 0, 16, 8, 7, 7)
+    decoders = list(split.decoders)
+    decoders[1], decoders[113] = decoders[1] + 1, decoders[113] - 1  # rank 1's chunks 0 and 7
+    text = StageLayout(pp=16, vp=8, decoders=tuple(decoders), mtp=split.mtp).to_megatron()
+    result = run_mofa("evaluate", str(problem), *sets(overrides), "--pipeline-layout", text, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["pipeline_layout"]
+    assert report["megatron_split_fits"] and not report["fits"]
+    assert max(report["host_bytes"]) > report["host_share_bytes"] > 211 * 2**30
+    text_out = run_mofa("evaluate", str(problem), *sets(overrides), "--pipeline-layout", text)
+    assert text_out.returncode == 0 and "does NOT fit" in text_out.stdout and "host memory short" in text_out.stdout
