@@ -1119,6 +1119,7 @@ _BOUND_NOTES = {
                   "--recompute-num-layers N among them"),
     "levels": ("every --recompute-num-layers N >= 1 ruled out by the ranks' busy time (level_work_bounds: with one N every "
                "chunk that holds a layer recomputes one), the layouts without recompute bounded by the search without recompute"),
+    "free": "the search over free layouts proved it, for all of them: the regular layouts among them",
     "enumerated": f"every layout of the skeleton scored by the exact model (it has at most {ENUMERATED_LAYOUTS})",
     "vee-cp-sat": ("DualPipeV: proven by CP-SAT over the critical-path cuts of the V's schedule graph (forward, input- and "
                    "weight-gradient passes) and its memory rows (vee_rounds), for every V layout of the skeleton"),
@@ -1177,7 +1178,10 @@ def step_floor_s(ctx: LayoutContext, answers, tables: dict | None = None) -> flo
     tables = {} if tables is None else tables
     most = len(ctx.kind_of_layer)
     if most not in tables:
-        lin = LinearLayouts(ctx)
+        try:
+            lin = LinearLayouts(ctx)
+        except LayoutError:  # a skeleton the linear model does not hold (one enumerated instead): memory left out
+            return plain
         tables[most] = [least_recompute(ctx, lin, r, most) for r in range(ctx.pp)]
     return step_overhead_floor_s(ctx, tables[most])
 
@@ -1191,15 +1195,16 @@ def step_bound(solution: LayoutSolution, overhead_floor_s: float) -> dict:
     return {"step_lower_bound_s": bound, "step_gap": (solution.step_time_s - bound) / solution.step_time_s}
 
 
-def within_superset(solution: LayoutSolution, superset: LayoutSolution) -> LayoutSolution:
+def within_superset(solution: LayoutSolution, superset: LayoutSolution, source: str = "per-stage") -> LayoutSolution:
     """A search's answer with the bound of a search over a larger space of the same skeleton
-    where that is higher (the one-N layouts are among the per-stage recompute layouts): no
-    layout of the smaller space beats a bound proven for all of the larger's."""
+    where that is higher (the one-N layouts are among the per-stage recompute layouts, "per-stage";
+    the regular layouts among the free ones, "free"): no layout of the smaller space beats a
+    bound proven for all of the larger's."""
     if superset.lower_bound_s <= solution.lower_bound_s:
         return solution
-    proven = superset.lower_bound_s >= solution.makespan_s * (1 - 1e-9)
+    proven = solution.optimal or superset.lower_bound_s >= solution.makespan_s * (1 - 1e-9)
     return dataclasses.replace(solution, lower_bound_s=min(superset.lower_bound_s, solution.makespan_s), optimal=proven,
-                               bound_source="per-stage")
+                               bound_source=source)
 
 
 def given_layout_report(problem, cfg, text: str, block_layers: int | None = None) -> tuple[dict, StageLayout]:
@@ -1293,6 +1298,8 @@ def layout_report(problem, cfg, time_limit_s: float = 10.0, workers: int = 2) ->
     # what any layout that fits adds to its makespan in the step, at least (its time counts in the
     # search's); after a Ctrl-C without memory, whose tables can take seconds
     floor_start = time.perf_counter()
+    if regular_solution is not None:  # the regular layouts are among the free ones: the free search's bound holds for them
+        regular_solution = within_superset(regular_solution, free, "free")
     answers = [] if solution.interrupted else [x for x in (solution, free, regular_solution) if x is not None]
     overhead_floor = step_floor_s(ctx, answers, tables)
     floor_s = time.perf_counter() - floor_start

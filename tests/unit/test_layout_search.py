@@ -1751,3 +1751,40 @@ def test_one_n_search_without_recompute_where_every_n_is_out(tmp_path, recompute
     assert solution.optimal and solution.bound_source == "levels"
     assert not solution.layout.any_recompute
     assert solution.makespan_s == pytest.approx(best, rel=1e-6)
+
+
+def test_the_regular_answer_takes_the_free_searchs_bound():
+    """The regular layouts are among the free ones: a bound the free search proves holds for the
+    regular answer too (within_superset, source "free"), which is then certified where that bound
+    meets its makespan; a lower free bound changes nothing."""
+    from optimizer.layout_rounds import LayoutSolution
+    from optimizer.layout_search import within_superset
+
+    layout = StageLayout.from_stage_sizes(2, 1, [3, 4], 0)
+    regular_answer = LayoutSolution(layout, 10.5, 10.0, 9.0, 9.5, False, 1.0, True, 3)
+    free = dataclasses.replace(regular_answer, lower_bound_s=9.8, makespan_s=9.9)
+    taken = within_superset(regular_answer, free, "free")
+    assert taken.lower_bound_s == 9.8 and taken.bound_source == "free" and not taken.optimal
+    assert within_superset(regular_answer, dataclasses.replace(free, lower_bound_s=10.0), "free").optimal
+    assert within_superset(regular_answer, dataclasses.replace(free, lower_bound_s=9.0), "free") == regular_answer
+
+
+def test_the_step_floor_leaves_memory_out_where_the_linear_model_does_not_hold():
+    """A single stage under ZeRO-3 (its gradient window of two layers is not linear in the
+    layers: LinearLayouts refuses it, layout_report enumerates it) whose answer updates more than
+    the floor: step_floor_s falls back to the floor without memory instead of raising."""
+    import os
+
+    from costmodel.stage_layout import step_overhead_floor_s
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_rounds import LayoutSolution
+    from optimizer.layout_search import own_layout, step_floor_s
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    problem = load_problem(os.path.join(root, "problems/tuning/llama2_70b_128gpu.yaml"), ["tp=1", "pp=1", "mbs=2", "zero_stage=3"])
+    ctx = layout_context(problem, ConfigBatch.from_specs(problem, [problem.config]))
+    with pytest.raises(LayoutError):
+        LinearLayouts(ctx)
+    plain = step_overhead_floor_s(ctx)
+    busy = LayoutSolution(own_layout(ctx), 12.0 + 2 * plain + 1.0, 12.0, 12.0, 12.0, True, 0.0, True, 0)
+    assert step_floor_s(ctx, [busy]) == plain
