@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch  # noqa: E402
+from costmodel.configs import PP_SCHEDULE_CODES, ConfigBatch, offload_code  # noqa: E402
 from costmodel.loader import load_problem  # noqa: E402
 from costmodel.stage_layout import (  # noqa: E402
     LayoutError,
@@ -87,6 +87,10 @@ def cases():
     # Llama 3's flexible schedule (section 3.1.1): 8192 GPUs, 32 micro-batches in rounds of nc = 32
     yield ("Llama 3 405B, 8192 H100, tp8 cp1 pp16 vp8, flexible schedule nc 32", llama,
            ConfigBatch.from_columns(8192, **common, pp_schedule=PP_SCHEDULE_CODES["flexible"], pp_group=32), llama_baselines)
+    # Megatron's fine-grained activation offload of core_attn and attn_proj (their saved inputs to the host): the split is
+    # 1.8 GiB over on ranks 1-9, every chunk of which holds all 16 micro-batches at its peak
+    yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, offload of core_attn and attn_proj", llama,
+           ConfigBatch.from_columns(16384, **common, activation_offload=offload_code(["core_attn", "attn_proj"])), llama_baselines)
     full = dict(recompute=2, recompute_method=1, recompute_layers=1)  # block method; the layouts choose N per chunk
     yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, per-chunk recompute", llama, ConfigBatch.from_columns(16384, **common, **full),
            with_recompute_baselines(llama_baselines))
