@@ -60,9 +60,10 @@ optimizer.layout_linear.check_linear), activation offload (offloaded_activations
 whole layer keeps each chunk in flight's input, an empty chunk's too, and Megatron's modules the
 rest of each layer; both two layers' offloaded sets in transit, once per rank; the host memory
 the offloaded activations take is each rank's, checked against its share of the node's:
-rank_host_bytes), no FCDA chunks (moe_chunks 1): `check_supported` refuses those with the
-reason, as they make a rank's memory depend on its layers in ways the linear layout search
-(optimizer.layout_search) does not model yet.
+rank_host_bytes), MemFine's FCDA chunks (one chunk of a layer's expert tensors alive while it
+runs, once per rank; MACT's "auto" count resolved for the configuration's own split), except
+under full recompute, where the exact model holds the chunk in the recomputed layer's working set
+and a layout recomputes only some layers: `check_supported` refuses that with the reason.
 
 DualPipeV (`StageLayout.vee`): rank r holds stages r and 2pp - 1 - r (its V), so rank 0 holds
 the embedding's stage and the head's. Its op lists are DeepSeek's order as PyTorch ports it
@@ -89,8 +90,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.compute import ComputeModel
-from costmodel.configs import OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch
-from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, model_kinds, mtp_kind
+from costmodel.configs import MOE_CHUNKS_AUTO, OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch
+from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, mact, model_kinds, mtp_kind
 from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory, rank_params
 from costmodel.network import Network
 from costmodel.pipeline import RankLayers, grad_windows, pipeline_compute_s, pipeline_time, simulated_schedule, stage_sizes
@@ -389,8 +390,8 @@ class LayoutContext:
 def check_supported(cfg: ConfigBatch) -> None:
     """Refuse skeletons whose memory or time the per-chunk layout model does not cover. Every
     schedule is covered: a layout is scored on the skeleton's own op lists (schedule_ops)."""
-    if cfg.moe_chunks[0] != 1:
-        raise LayoutError("layout search does not model FCDA moe_chunks")
+    if cfg.moe_chunks[0] != 1 and cfg.derived().any_full_recompute:
+        raise LayoutError("layout search does not model FCDA moe_chunks under full recompute")
 
 
 def without_full_recompute(cfg: ConfigBatch) -> ConfigBatch:
@@ -404,10 +405,14 @@ def without_full_recompute(cfg: ConfigBatch) -> ConfigBatch:
     return ConfigBatch(**columns)
 
 
-def without_activation_offload(cfg: ConfigBatch) -> ConfigBatch:
-    """The configuration with activation offload switched off; every other field kept."""
+def in_flight_only(cfg: ConfigBatch) -> ConfigBatch:
+    """The configuration whose memory ledger holds no activations but those of the micro-batches
+    in flight: activation offload off, and FCDA's chunk of expert tensors alive while a layer runs
+    left out (moe_chunks 1; layer costs computed under `cfg` keep their own); every other field
+    kept. What optimizer.layout_linear.rank_memory_model reads its linear terms off, the sets
+    offload and FCDA hold whatever the in-flight count apart."""
     columns = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
-    columns.update(activation_offload=np.zeros_like(cfg.activation_offload))
+    columns.update(activation_offload=np.zeros_like(cfg.activation_offload), moe_chunks=np.ones_like(cfg.moe_chunks))
     return ConfigBatch(**columns)
 
 
@@ -415,6 +420,9 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     """The shared part of scoring layouts of one configuration row."""
     if len(cfg) != 1:
         raise ValueError("layout_context takes one configuration")
+    auto = cfg.moe_chunks == MOE_CHUNKS_AUTO
+    if auto.any():  # MemFine's MACT: the chunk count the configuration's own split needs, fixed for its layouts
+        cfg = mact(problem, cfg, auto)
     check_supported(cfg)
     m, tr, hw, cl = problem.model, problem.training, problem.hardware, problem.cluster
     base = evaluate(problem, cfg)

@@ -11,7 +11,8 @@ off the exact ledger by probing it (no formula is copied), and the answer is re-
 activation offload a chunk's bytes are what stays on the GPU (costmodel.stage_layout.
 offloaded_activations: a constant per chunk in flight under MoFa's whole-layer offload, its
 input), and the in-flight rows add the two layers' offloaded sets in transit of the largest kind
-the rank holds (LinearLayouts.in_transit); the host's memory is left to the exact score.
+the rank holds (LinearLayouts.in_transit, which also holds FCDA's chunk of expert tensors); the
+host's memory is left to the exact score.
 
 Layer kinds: a stage holds a contiguous run of the model's layers, so with prefix sums P_s the
 layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
@@ -49,7 +50,7 @@ from costmodel.stage_layout import (
     stage_windows_s,
     stage_zero_terms,
     unit_costs,
-    without_activation_offload,
+    in_flight_only,
 )
 from costmodel.update import windows_exposed
 from optimizer import cp_solver
@@ -76,26 +77,27 @@ def rank_memory_model(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray,
     freed after the forward holds the gathered copies of the largest layer running and the next,
     or of the edge module where that is larger), a jump at a rank's first layer of a kind rather
     than a cost per layer; and `in transit` likewise the most over the kinds it holds of the
-    activations activation offload keeps of its largest layers (two layers' offloaded sets, a
-    jump at the first; 0 without offload). Probed at 0..3 layers of each kind, the ledger without
-    offload for all but the last (which offload does not change); refused where the steps beyond
-    the first differ."""
+    activations the ledger holds whatever the in-flight count: activation offload's two layers'
+    offloaded sets, FCDA's chunk of a layer's expert tensors (a jump at the first; 0 without
+    either). Probed at 0..3 layers of each kind, the ledger of stage_layout.in_flight_only for all
+    but the last (which those sets do not change); refused where the steps beyond the first differ."""
     last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
     first, last = rank == 0, rank == last_rank
     mtp = ctx.problem.model.mtp_layers if last else 0
     no_head = dataclasses.replace(ctx.lc, head_saved=0.0 * ctx.lc.head_saved)
     frag = ctx.mc.fragmentation
     k = len(ctx.kinds)
-    offload = ctx.cfg_plain.derived().any_offload
-    kept_all = without_activation_offload(ctx.cfg_plain) if offload else None
+    x = ctx.cfg_plain.derived()
+    sets = x.any_offload or x.any_chunks  # sets the ledger holds whatever the in-flight count
+    plain = in_flight_only(ctx.cfg_plain) if sets else None
 
     def probe(counts):
-        ledger = rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head, cfg=kept_all)
+        ledger = rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head, cfg=plain)
         trans = float(ledger.optimizer_transient[0])
         return float(ledger.peak[0]) - (1.0 + frag) * trans, trans
 
     def in_transit(counts) -> float:
-        return float(rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head).activations[0]) if offload else 0.0
+        return float(rank_ledger(ctx, counts, first, last, mtp, 0.0, lc=no_head).activations[0]) if sets else 0.0
 
     close = functools.partial(math.isclose, rel_tol=1e-9, abs_tol=1.0)  # bytes
     base0, trans0 = probe(np.zeros(k))
@@ -293,8 +295,9 @@ class LinearLayouts:
         # most over every kind) where a test must not miss a rank over the capacity, left out
         # (a lower bound) where a row must hold for every fitting layout
         self.largest = [largest for _, largest, _ in terms]
-        # per rank, [kind] what activation offload keeps on the GPU of the largest layers it holds
-        # (two layers' offloaded sets in transit, rank_memory_model; 0 without offload), the most
+        # per rank, [kind] what the ledger holds of the largest layers it holds whatever the
+        # in-flight count (activation offload's two layers' offloaded sets in transit, FCDA's chunk
+        # of expert tensors, rank_memory_model; 0 without either), the most
         # over the kinds it holds: in the in-flight rows only (not the transient's), exact in
         # rank_rows and MemoryRows, at its most over every kind in the seeds' rows, left out
         # where a row must hold for every fitting layout
@@ -756,7 +759,7 @@ class MemoryRows:
 
             if lin.largest[r].any():  # the largest layer the rank holds (LinearLayouts.largest)
                 base_expr = base_expr + most_held(lin.largest[r], "g")
-            # activation offload's sets in transit, in the in-flight rows only (LinearLayouts.in_transit)
+            # offload's sets in transit and FCDA's chunk, in the in-flight rows only (LinearLayouts.in_transit)
             in_transit = most_held(lin.in_transit[r], "transit") if lin.in_transit[r].any() else 0
             self.rows[r, -1] = base_expr * 1000 + scaled_frag * trans_expr
             working = 0

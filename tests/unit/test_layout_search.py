@@ -512,6 +512,41 @@ def test_linear_layouts_bound_the_ledger_under_activation_offload(offload):
         check_linear_against_ledger(ctx, rng, layouts)
 
 
+def test_linear_layouts_bound_the_ledger_under_fcda():
+    """MemFine's FCDA on DeepSeek-V3 (interleaved and DualPipeV, ZeRO-1 and ZeRO-3 freed after the
+    forward; 2 and 4 chunks): the one chunk of a layer's expert tensors alive while it runs is a
+    set the ledger holds whatever the in-flight count, once per rank (LinearLayouts.in_transit,
+    a jump at a rank's first MoE layer); random layouts, check_linear_against_ledger."""
+    import itertools
+    import os
+
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    problem = load_problem(os.path.join(root, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"])
+    rng = np.random.default_rng(2)
+    for (schedule, pp, vp), (zero, reshard), chunks in itertools.product((("interleaved_1f1b", 8, 2), ("dualpipev", 4, 2)), ((1, 0), (3, 1)), (2, 4)):
+        ctx = layout_context(problem, ConfigBatch.from_columns(2048, tp=4, ep=64, mbs=1, first_layers=2, last_layers=3, pp=pp, vp=vp,
+                                                               zero_stage=zero, reshard_after_forward=reshard, moe_chunks=chunks,
+                                                               pp_schedule=PP_SCHEDULES.index(schedule)))
+        assert any(transit.any() for transit in LinearLayouts(ctx).in_transit)
+        check_linear_against_ledger(ctx, rng, 3)
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 48000])  # 48000 binds: the fastest layout needs 50153 MiB, the least 44295
+def test_cpsat_matches_enumeration_under_fcda(tmp_path, memory_mib):
+    """The layout search under FCDA (2 chunks: rank 0's chunk of expert tensors, 640 MiB, in its
+    rows; the last rank always holds an MoE layer, its MTP module) certifies enumeration's
+    optimum on the tiny DeepSeek-like model at 32K tokens (pp 2 x vp 2), roomy and where memory
+    binds; tolerance 1e-6 relative."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_RECOMPUTE)
+    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1, moe_chunks=2)
+    assert_certifies_enumeration_optimum(layout_context(problem, cfg))
+
+
 @pytest.mark.parametrize("offload,memory_mib", [("layer", 81559), ("layer", 30000), (OFFLOADS[1], 81559), (OFFLOADS[1], 37000)])
 def test_cpsat_matches_enumeration_under_activation_offload(tmp_path, offload, memory_mib):
     """The layout search under activation offload certifies enumeration's optimum: the tiny

@@ -177,6 +177,43 @@ def test_deepseek_v3_split_scores_as_the_exact_model():
     assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
 
 
+@pytest.mark.parametrize("first,last", [(4, 1), (1, 4)])
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_deepseek_v3_split_scores_as_the_exact_model_under_fcda(first, last, chunks):
+    """MemFine's FCDA (the routed experts' tensors recomputed chunk by chunk, one chunk alive
+    while a layer runs, once per rank) on DeepSeek-V3's 1F1B split over pp 16 (one chunk a rank,
+    so the exact model's mean chunk is the rank's own): the layout scorer's worst peak and
+    closed-form pipeline are evaluate's (1e-9), where the worst rank holds MoE layers (rank 0
+    with three dense layers and one MoE; the last rank with four MoE, the MTP module and the
+    head)."""
+    problem = load_problem("problems/tuning/deepseek_v3_2048gpu_sn8.yaml",
+                           ["tp=1", "cp=4", "pp=16", "vp=1", "ep=128", "mbs=1", "pp_schedule=1f1b", "layer_split=uneven",
+                            f"first_stage_layers={first}", f"last_stage_layers={last}", f"moe_chunks={chunks}"])
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    e = evaluate(problem, cfg)
+    score = score_layout(layout_context(problem, cfg), megatron_layout(61, 1, 16, 1, first, last))
+    assert int(np.argmax(score.peak_bytes)) == (0 if first == 4 else 15)
+    assert score.peak_bytes.max() == pytest.approx(float(e.memory_bytes["peak"][0]), rel=1e-9)
+    closed = float(e.step_time_s[0] - e.breakdown_s["dp"][0] - e.breakdown_s["update"][0] - e.breakdown_s["pp"][0])
+    assert score.closed_form_s == pytest.approx(closed, rel=1e-9)
+
+
+def test_mact_chunks_are_resolved_for_the_layouts():
+    """MemFine's MACT ("auto") picks the chunk count the configuration's own split needs
+    (costmodel.evaluate.mact); the layouts are scored with that count: DeepSeek-V3 interleaved
+    on pp 16 x vp 2, where the split needs chunks."""
+    from costmodel.configs import MOE_CHUNKS_AUTO
+    from costmodel.evaluate import mact
+
+    problem = load_problem("problems/tuning/deepseek_v3_2048gpu_sn8.yaml",
+                           ["tp=1", "cp=4", "pp=16", "vp=2", "ep=128", "mbs=1", "pp_schedule=interleaved_1f1b", "pp_overlap=true",
+                            "layer_split=layout", "moe_chunks=auto"])
+    cfg = ConfigBatch.from_specs(problem, [problem.config])
+    assert cfg.moe_chunks[0] == MOE_CHUNKS_AUTO
+    resolved = mact(problem, cfg, cfg.moe_chunks == MOE_CHUNKS_AUTO).moe_chunks[0]
+    assert resolved > 1 and layout_context(problem, cfg).cfg.moe_chunks[0] == resolved
+
+
 @pytest.mark.parametrize("schedule,pp,vp,m", [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 8, 4, 16)])
 def test_held_chunks_match_in_flight(schedule, pp, vp, m):
     """Uniform chunks: the peak held chunks of each rank is pipeline.in_flight (eq. 5 as
@@ -263,7 +300,7 @@ def test_recompute_needs_a_full_recompute_skeleton(llama):
 
 
 @pytest.mark.parametrize("columns,reason", [
-    (dict(pp=16, vp=8, moe_chunks=2), "FCDA moe_chunks"),
+    (dict(pp=16, vp=8, moe_chunks=2, recompute=2, recompute_method=1, recompute_layers=1), "FCDA moe_chunks under full recompute"),
 ])
 def test_skeletons_the_layout_model_does_not_cover_are_refused(llama, columns, reason):
     """What the per-chunk layout model does not price is refused by name (`mofa solve
