@@ -16,6 +16,8 @@ import numpy as np
 from costmodel.arrays import divides, floor_div
 from costmodel.configs import (
     CP_COMM_CODES,
+    OFFLOAD_LAYER,
+    OFFLOAD_MODULE_BITS,
     PP_SCHEDULE_CODES,
     RECOMPUTE_CODES,
     RECOMPUTE_MODULE_BITS,
@@ -67,6 +69,8 @@ RULES: dict[str, tuple[str, str]] = {
     "recompute_ops": ("recompute_modules", "ops (torchtitan's per-op selective AC) is modelled for dense models with softmax flash attention (no MoE, MLA, "
                       "linear attention or output gate) and tp=1: under TP its policy also keeps the reduce-scatter outputs and re-gathers the inputs"),
     "offload_excludes_recompute": ("activation_offload", "activation offload cannot be combined with recompute"),
+    "offload_attn_proj_alone": ("activation_offload", "offloading attn_proj needs core_attn offloaded too: attn_proj's saved input is core_attn's "
+                                "output, which core_attn's backward keeps (Megatron-Core's TransformerConfig refuses it)"),
     "moe_chunks_needs_moe": ("moe_chunks", "chunked MoE dispatch (moe_chunks other than 1) needs an MoE model"),
     "feature_forced": ("features", "the configuration contradicts a feature the problem forces on or off"),
     "recompute_allowed": ("recompute", "the problem does not allow this recompute mode"),
@@ -195,6 +199,9 @@ def violations(problem: Problem, cfg: ConfigBatch) -> dict[str, np.ndarray]:
     out["recompute_modules"] = bad_module
     out["recompute_ops"] = selective & _has(mods, RECOMPUTE_MODULE_BITS["ops"]) & ((t > 1) | (not op_sac_modelled(problem)))
     out["offload_excludes_recompute"] = (cfg.activation_offload != 0) & (cfg.recompute != 0)
+    offload = cfg.activation_offload
+    modules = (offload != 0) & (offload != OFFLOAD_LAYER)
+    out["offload_attn_proj_alone"] = modules & _has(offload, OFFLOAD_MODULE_BITS["attn_proj"]) & ~_has(offload, OFFLOAD_MODULE_BITS["core_attn"])
     out["moe_chunks_needs_moe"] = (cfg.moe_chunks != 1) & dense
 
     # what the problem's features section allows

@@ -81,6 +81,7 @@ FEATURE_RULES = (
     "recompute_modules",
     "recompute_ops",
     "offload_excludes_recompute",
+    "offload_attn_proj_alone",
     "moe_chunks_needs_moe",
     "feature_forced",
     "recompute_allowed",

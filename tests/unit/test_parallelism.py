@@ -191,6 +191,20 @@ def test_fine_grained_offload_moves_module_inputs_to_the_host():
     assert float(off.host_bytes[0]) > 0
 
 
+def test_attn_proj_is_offloaded_only_with_core_attn():
+    """attn_proj's saved input is core_attn's output, which core_attn's backward keeps, so
+    offloading it alone frees nothing; Megatron-Core 0.16.1's TransformerConfig raises on it (the
+    frameworks' test environment's __post_init__). The rule refuses that setting for any
+    framework, and `mofa evaluate` names it in one line; with core_attn it passes."""
+    problem = load_problem(SMALL, ["config=null", "hardware=h100-sxm"])
+    bits = OFFLOAD_MODULE_BITS
+    masks = np.array([bits["attn_proj"], bits["attn_proj"] | bits["qkv_linear"], bits["core_attn"] | bits["attn_proj"], bits["core_attn"], 1.0])
+    bad = violations(problem, recompute_batch(problem, activation_offload=masks))["offload_attn_proj_alone"]
+    assert bad.tolist() == [True, True, False, False, False]
+    with pytest.raises(ProblemError, match="config.activation_offload.*core_attn"):
+        load_problem(SMALL, ["hardware=h100-sxm", "activation_offload=[attn_proj]"])
+
+
 def test_dualpipev_holds_both_ends_on_rank_zero():
     problem = load_problem(SMALL, ["config=null", "hardware=h100-sxm"])
     cfg = ConfigBatch.from_columns(128, tp=8, pp=4, vp=2, first_layers=20, last_layers=20, mbs=1,
