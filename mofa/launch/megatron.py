@@ -165,8 +165,14 @@ def megatron_flags(plan: LaunchPlan) -> list[str]:
 
 
 def megatron_env(plan: LaunchPlan) -> dict[str, str]:
-    """Launcher environment: TP or CP needs one CUDA connection (before Blackwell)."""
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (plan.tp > 1 or plan.cp > 1) else {}
+    """Launcher environment: TP or CP needs one CUDA connection (before Blackwell); fine-grained
+    activation offload needs Transformer Engine's first CPU-offload path, which moves activations
+    only (NVTE_CPU_OFFLOAD_V1=1: Megatron-Bridge's config validation requires it from TE 2.10 on,
+    "to avoid offloading weights")."""
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (plan.tp > 1 or plan.cp > 1) else {}
+    if isinstance(plan.activation_offload, list) and plan.activation_offload:
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
+    return env
 
 
 def megatron_script(plan: LaunchPlan) -> str:

@@ -215,6 +215,9 @@ def test_layer_offload_needs_one_stage_and_module_offload_exports_its_modules(tm
             render(plan)
     modules = plan_of(problem, tp=2, pp=2, activation_offload=["core_attn", "attn_proj"])
     assert {"--fine-grained-activation-offloading", "--offload-modules core_attn attn_proj"} <= groups(modules)
+    # Transformer Engine's activation-only offload path (Megatron-Bridge's validation asks for it from TE 2.10)
+    assert megatron_env(modules)["NVTE_CPU_OFFLOAD_V1"] == "1" and "export NVTE_CPU_OFFLOAD_V1=1" in megatron_script(modules)
+    assert "NVTE_CPU_OFFLOAD_V1" not in megatron_env(plan_of(problem, tp=8, pp=1, activation_offload=True))
     assert "model.cpu_offloading_num_layers=31" in bridge_overrides(plan_of(problem, tp=8, pp=1, activation_offload=True))
 
 
