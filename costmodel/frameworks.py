@@ -327,11 +327,22 @@ def _deepspeed_rules() -> tuple[Rule, ...]:
     )
 
 
+def _bridge_rules() -> tuple[Rule, ...]:
+    """What Megatron-Bridge's launch file (an override dotlist on a recipe) cannot carry, beyond
+    Megatron-Core's rules."""
+    return (
+        Rule("fine_grained_offload_env", ("activation_offload",),
+             "fine-grained activation offload: Megatron-Bridge 0.3.1's validation needs NVTE_CPU_OFFLOAD_V1=1 in the launch "
+             "environment (Transformer Engine >= 2.10), which an override file cannot set (Megatron-LM's launch script sets it)",
+             lambda f, c: (c.activation_offload != 0) & (c.activation_offload != OFFLOAD_LAYER)),
+    )
+
+
 _MEGATRON = _megatron_rules()
 #: framework -> its rules, in the order a refusal reports them (the first broken one)
 FRAMEWORK_RULES: dict[str, tuple[Rule, ...]] = {
     "megatron": _MEGATRON,
-    "megatron-bridge": _MEGATRON,  # Megatron-Bridge builds the same Megatron-Core objects
+    "megatron-bridge": _MEGATRON + _bridge_rules(),  # Megatron-Bridge builds the same Megatron-Core objects
     "torchtitan": _torchtitan_rules(),
     "deepspeed": _deepspeed_rules(),
 }

@@ -42,6 +42,10 @@ NARROWED = {
     # DeepSeek-V3's own pipeline degree: no split flag splits 61 layers over pp 16 x vp 2, so
     # the plan is launched with the layout split's --pipeline-model-parallel-layout
     "megatron-layout": ["search.framework=megatron", "search.pp=[16]", "search.vp=[2]"],
+    # Megatron's fine-grained activation offload (its module list checked by TransformerConfig; the
+    # Bridge export refuses it: its validation needs NVTE_CPU_OFFLOAD_V1=1, which an override file cannot set)
+    "megatron-offload": ["search.framework=megatron", "features.activation_offload=on",
+                         "search.activation_offload=[[core_attn, attn_proj], [qkv_linear, core_attn, attn_proj]]"],
     # DualPipeV on pp 16: Llama 3 405B's 126 layers take its uneven V split (6 on rank 0, 8 elsewhere)
     "torchtitan-dualpipev": ["search.framework=torchtitan", "training.dtypes.grads=fp32", "search.pp=[16]", "search.pp_schedule=[dualpipev]"],
 }
@@ -55,10 +59,12 @@ QUICK = (("llama3_405b_16384xh100_seq8k", "default"), ("llama3_405b_16384xh100_s
          ("table5_llama3_405b_64gpu", "default"), ("deepseek_v3_1024gpu_sn8", "default"),
          ("deepseek_v3_8192gpu_sn256", "default"), ("table5_deepseek_v3_128gpu", "default"),
          ("deepseek_v3_1024gpu_sn8", "deepspeed"), ("deepseek_v3_1024gpu_sn8", "megatron-layout"), ("llama2_70b_128gpu", "default"),
+         ("llama3_405b_16384xh100_seq8k", "megatron-offload"),
          ("llama2_70b_128gpu", "deepspeed"))
 #: which export format each narrowed search serves
 NARROWED_FORMATS = {"megatron": ("megatron", "megatron-bridge"), "torchtitan": ("torchtitan",), "deepspeed": ("deepspeed",),
-                    "megatron-layout": ("megatron", "megatron-bridge"), "torchtitan-dualpipev": ("torchtitan",)}
+                    "megatron-layout": ("megatron", "megatron-bridge"), "megatron-offload": ("megatron",),
+                    "torchtitan-dualpipev": ("torchtitan",)}
 
 
 def need(module: str):

@@ -161,11 +161,14 @@ def test_megatron_core_accepts_every_exported_script():
             assert (tf.num_moe_experts, tf.expert_model_parallel_size, tf.moe_router_topk) == (p.model.moe.num_experts, p.ep, p.model.moe.top_k), e.name
         if p.pipeline_layout is not None:  # parsed and checked against the layers and MTP modules by Megatron-Core
             assert tf.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size == p.vp, e.name
+        if isinstance(p.activation_offload, list):  # fine-grained offload: its module list checked by TransformerConfig
+            assert tf.fine_grained_activation_offloading and tf.offload_modules == p.activation_offload, e.name
         models.add(p.model.name)
     print(f"Megatron-Core accepted {len(files)} scripts of {sorted({e.problem for e in files})}")
     assert {"llama3-405b", "deepseek-v3"} <= models
     # the layout split (costmodel.layout): DeepSeek-V3 on pp 16 x vp 2, launchable only by a layout string
     assert any(e.plan.layer_split == "layout" and e.plan.pipeline_layout for e in files)
+    assert any(isinstance(e.plan.activation_offload, list) and e.plan.pp > 1 for e in files)  # fine-grained offload with a pipeline
 
 
 def test_megatron_core_rejects_broken_scripts():
@@ -181,6 +184,9 @@ def test_megatron_core_rejects_broken_scripts():
     moe = next(e for e in accepted("megatron") if e.plan.model.name == "deepseek-v3")
     with pytest.raises((AssertionError, ValueError)):  # a recompute module Megatron-Core does not know
         configs([*script_args(moe.text), "--recompute-granularity", "selective", "--recompute-modules", "core_attention"])
+    offload = next(e for e in accepted("megatron") if isinstance(e.plan.activation_offload, list))
+    with pytest.raises(ValueError, match="attn_proj cannot be set"):  # attn_proj without core_attn (costmodel.rules refuses it)
+        configs(with_flag(script_args(offload.text), "--offload-modules", "attn_proj"))
     with pytest.raises(AssertionError, match="MTP"):  # EP overlap with DeepSeek-V3's MTP layer on one stage (the exporter refuses it)
         configs([*with_flag(script_args(moe.text), "--pipeline-model-parallel-size", "1"), "--overlap-moe-expert-parallel-comm"])
 

@@ -218,6 +218,12 @@ def test_layer_offload_needs_one_stage_and_module_offload_exports_its_modules(tm
     # Transformer Engine's activation-only offload path (Megatron-Bridge's validation asks for it from TE 2.10)
     assert megatron_env(modules)["NVTE_CPU_OFFLOAD_V1"] == "1" and "export NVTE_CPU_OFFLOAD_V1=1" in megatron_script(modules)
     assert "NVTE_CPU_OFFLOAD_V1" not in megatron_env(plan_of(problem, tp=8, pp=1, activation_offload=True))
+    with pytest.raises(ExportError, match="NVTE_CPU_OFFLOAD_V1=1 in the launch environment"):  # an override file cannot set it
+        bridge_overrides(modules)
+    from costmodel.frameworks import refusals
+
+    # a framework rule, so `--framework megatron-bridge` never picks what its exporter refuses
+    assert [key for key, _ in refusals("megatron-bridge", modules.facts(), modules.batch())] == ["megatron-bridge:fine_grained_offload_env"]
     assert "model.cpu_offloading_num_layers=31" in bridge_overrides(plan_of(problem, tp=8, pp=1, activation_offload=True))
 
 
