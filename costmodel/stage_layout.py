@@ -56,7 +56,7 @@ dualpipev: a layout is scored on the skeleton's own op lists and in-flight vecto
 Megatron's split it is the exact model under each of them), ZeRO 0-3 (the layout search, whose
 linear model holds ZeRO-2/3's per-stage traffic only with one gradient window per stage, ZeRO-3
 kept after the forward and one kind of decoder layer, refuses the rest:
-optimizer.layout_linear.check_linear), activation offload (offloaded_activations: MoFa's
+optimizer.layout_linear.check_linear), activation offload (in_flight_bytes: MoFa's
 whole layer keeps each chunk in flight's input, an empty chunk's too, and Megatron's modules the
 rest of each layer; both two layers' offloaded sets in transit, once per rank; the host memory
 the offloaded activations take is each rank's, checked against its share of the node's:
@@ -90,7 +90,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.compute import ComputeModel
-from costmodel.configs import MOE_CHUNKS_AUTO, OFFLOAD_LAYER, PP_SCHEDULE_CODES, ConfigBatch
+from costmodel.configs import MOE_CHUNKS_AUTO, PP_SCHEDULE_CODES, ConfigBatch
 from costmodel.evaluate import evaluate, kind_of_layers, layer_costs, mact, model_kinds, mtp_kind
 from costmodel.memory import MemoryContext, communicator_count, memory_context, rank_memory, rank_params
 from costmodel.network import Network
@@ -349,6 +349,9 @@ class LayoutContext:
     schedule: CompiledSchedule  # the skeleton's schedule, its op lists resolved once (schedule_sim.compile_schedule)
     net: Network  # what each rank's DP reduce and optimizer update are priced on (rank_update_s)
     groups: object  # costmodel.placement.stage_groups of the skeleton
+    # (GPU bytes per layer of each kind, host bytes per layer of each kind, GPU bytes per chunk
+    # whatever its layers) of one micro-batch in flight: in_flight_bytes, read off the ledger once
+    in_flight: tuple | None = None
 
     @property
     def pp(self) -> int:
@@ -442,13 +445,14 @@ def layout_context(problem: Problem, cfg: ConfigBatch) -> LayoutContext:
     pp, vp = int(cfg.pp[0]), int(cfg.vp[0])
     sim_schedule, sim_group = simulated_schedule(cfg, 0)
     held = held_chunks(sim_schedule, pp, vp, int(micro), sim_group)
-    return LayoutContext(
+    ctx = LayoutContext(
         problem=problem, cfg=cfg, cfg_plain=plain, lc=lc, lc_full=lc_full, kinds=kinds, kind_of_layer=kind_of_layers(m, tr),
         mtp_kind=kinds.index(mtp_kind(m, tr)) if m.mtp_layers else None, microbatches=int(micro),
         chunk_overhead_s=hw.efficiency.stage_overhead_us * US, mc=mc, communicators=communicator_count(cfg, cfg.derived(), m.moe is not None),
         hop_s=float(net.p2p_hop(lc.hop_bytes, groups.pp)[0]), held=held,
         schedule=compile_schedule(schedule_ops(sim_schedule, pp, vp, int(micro), sim_group)), net=net, groups=groups,
     )
+    return dataclasses.replace(ctx, in_flight=in_flight_bytes(ctx))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,7 +481,7 @@ def _scalar(a) -> float:
 def unit_costs(ctx: LayoutContext) -> dict:
     """Seconds and bytes per unit of each thing a stage can hold, as the exact model composes a
     rank (costmodel.evaluate): per layer kind its forward and forward+backward time and its
-    activation bytes on the GPU and on the host per micro-batch in flight (offloaded_activations;
+    activation bytes on the GPU and on the host per micro-batch in flight (in_flight_bytes;
     `chunk_activation`: what every chunk in flight keeps whatever its layers); the embedding's
     and the head's forward and both passes; one MTP module's
     extra (projection and its own head); the fixed overhead of a chunk. Linear in the counts,
@@ -491,7 +495,7 @@ def unit_costs(ctx: LayoutContext) -> dict:
     lc = ctx.lc
     k_total = np.array([_scalar(k.total) for k in lc.kinds])
     k_act = np.array([_scalar(k.activation) for k in lc.kinds])
-    gpu_act, host_act, chunk_act = offloaded_activations(ctx.cfg_plain, lc, k_act)
+    gpu_act, host_act, chunk_act = ctx.in_flight
     if ctx.lc_full is not None:
         full = ctx.lc_full.kinds
         recompute = np.array([_scalar(k.total + k.forward) for k in full]) - k_total
@@ -522,23 +526,28 @@ def unit_costs(ctx: LayoutContext) -> dict:
     }
 
 
-def offloaded_activations(cfg: ConfigBatch, lc, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+def in_flight_bytes(ctx: LayoutContext) -> tuple[np.ndarray, np.ndarray, float]:
     """(GPU bytes per layer of each kind, host bytes per layer of each kind, GPU bytes per chunk
-    whatever its layers) of one micro-batch in flight under the skeleton's activation offload, as
-    costmodel.memory.activation_bytes composes them (`kept`: each kind's activations without
-    offload). MoFa's whole-layer offload sends every layer's activations to the host and keeps
-    each in-flight chunk's input (Megatron's input_tensors list: an empty chunk's too);
-    fine-grained offload sends the chosen modules' saved inputs and keeps the rest. The two
-    layers' sets in transit are once per rank, of the largest kind it holds: the ledger counts
-    them (a jump at a rank's first layer of a kind, optimizer.layout_linear.rank_memory_model)."""
-    none = (kept, np.zeros_like(kept), 0.0)
-    code = int(cfg.activation_offload[0])
-    if code == 0:
-        return none
-    if code == OFFLOAD_LAYER:
-        return np.zeros_like(kept), kept, _scalar(lc.kinds[0].input_bytes)
-    offloaded = np.array([_scalar(k.offloaded) for k in lc.kinds])
-    return kept - offloaded, offloaded, 0.0
+    whatever its layers) that one more micro-batch in flight of a chunk adds to a rank, read off
+    costmodel.memory's ledger (activation_bytes) as differences in its in-flight count, so no rule
+    of it is restated here: without offload a layer's activations; MoFa's whole-layer offload
+    sends them to the host and keeps each in-flight chunk's input (Megatron's input_tensors list:
+    an empty chunk's too); fine-grained offload sends the chosen modules' saved inputs and keeps
+    the rest. What the ledger holds whatever the in-flight count (offload's two layers' sets in
+    transit, FCDA's chunk of expert tensors) cancels out: a jump at a rank's first layer of a kind,
+    optimizer.layout_linear.rank_memory_model."""
+    kinds = len(ctx.kinds)
+    if not ctx.cfg_plain.derived().any_offload:
+        return np.array([_scalar(k.activation) for k in ctx.lc.kinds]), np.zeros(kinds), 0.0
+
+    def added(counts) -> tuple[float, float]:
+        """(GPU, host) bytes one chunk in flight adds to a middle rank holding `counts`."""
+        busy, idle = (rank_ledger(ctx, counts, False, False, 0, n) for n in (1.0, 0.0))
+        return _scalar(busy.activations - idle.activations), _scalar(busy.host - idle.host)
+
+    chunk, _ = added(np.zeros(kinds))
+    per_kind = [added(ctx.vp * np.eye(kinds)[k]) for k in range(kinds)]  # one layer of the kind in every chunk
+    return np.array([gpu - chunk for gpu, _ in per_kind]), np.array([host for _, host in per_kind]), chunk
 
 
 def stage_kind_counts(ctx: LayoutContext, layout: StageLayout) -> np.ndarray:
@@ -698,7 +707,7 @@ def rank_peak_ledger(ctx: LayoutContext, rank: int, chunks: np.ndarray, recomput
     (MTP included) and recompute these [chunk, kind] ones: its activations at the peak are the
     largest in-flight vector of ctx.held weighted by each chunk's bytes (a recomputed layer
     keeps its input, the others their activations; under activation offload what stays on the
-    GPU, offloaded_activations) plus the working set of a recomputed layer
+    GPU, in_flight_bytes) plus the working set of a recomputed layer
     (recompute_working_bytes), handed to the ledger of ctx.cfg_plain (no recompute) as that
     many of the rank's mean chunks in flight. Its host memory is the mean chunk's (rank_host_bytes
     has each chunk's)."""

@@ -9,7 +9,7 @@ with activations_r = max over the rank's in-flight vectors h (costmodel.stage_la
 of sum_c h_c * bytes of local chunk c; each h is one linear constraint. The coefficients are read
 off the exact ledger by probing it (no formula is copied), and the answer is re-scored. Under
 activation offload a chunk's bytes are what stays on the GPU (costmodel.stage_layout.
-offloaded_activations: a constant per chunk in flight under MoFa's whole-layer offload, its
+in_flight_bytes: a constant per chunk in flight under MoFa's whole-layer offload, its
 input), and the in-flight rows add the two layers' offloaded sets in transit of the largest kind
 the rank holds (LinearLayouts.in_transit, which also holds FCDA's chunk of expert tensors); the
 host's memory is left to the exact score.
@@ -151,7 +151,7 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[tuple[float, np.nd
     with the MTP modules of the last rank folded into the constants, and [chunk] the bytes one
     micro-batch in flight of each local chunk holds whatever its decoder layers (`chunk_act`:
     the MTP modules' activations, with the last local chunk; the input every chunk keeps under
-    MoFa's whole-layer activation offload, stage_layout.offloaded_activations): the rank fits when
+    MoFa's whole-layer activation offload, stage_layout.in_flight_bytes): the rank fits when
         base_0 + base . counts + largest + (1+frag) * max(transient_0 + transient . counts,
                                                max_h sum_c h_c (act . chunk_c + chunk_act_c) + head + in transit) <= capacity
     over its in-flight vectors h (ctx.held); and, apart, rank_memory_model's largest per kind and
