@@ -860,22 +860,29 @@ def fewest_recompute(ctx: LayoutContext, layout: StageLayout, lin: LinearLayouts
         recompute[max(room)[1]] += 1
 
 
-def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int) -> tuple[int, ...]:
+def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int, spread: int | None = None) -> tuple[int, ...]:
     """The fewest layers rank `rank` must recompute to fit its memory when it holds L layers,
     for L = 0, 1, ... up to `most` or the first L that no recompute makes fit (the tuple ends
-    there): over every split of the L layers among its chunks and every recompute count per
-    chunk, its linear memory rows (rank_memory_terms, the in-flight vectors ctx.held, the
+    there): over every split of the L layers among its chunks (with `spread`, the regular
+    layouts' splits only: chunks within that many layers of each other) and every recompute
+    count per chunk, its linear memory rows (rank_memory_terms, the in-flight vectors ctx.held, the
     working set once it recomputes anything). One kind of decoder layer; a small CP-SAT per L,
     its coefficients rounded so that it relaxes the rows (activations down, what recompute
     saves up, the room up), so every layout that fits recomputes at least this many layers on
     the rank. Non-decreasing in L, and so is fitting at all (the first L that fits no more ends
     the table): a layout with one layer fewer (a kept one, else a recomputed one, which keeps
-    its input, over a KiB) still fits.
+    its input, over a KiB) still fits; with `spread`, taken from its fullest chunk, which keeps
+    the split regular.
+    The regular tables are what the regular search needs: on Llama 3 405B cp 1 the free split
+    piles a rank's layers into its last chunk, which holds few micro-batches at the peak (ranks
+    12-15 hold 12 layers recomputing none), where a regular split of 8 holds one in every chunk
+    and ranks 12-15 recompute one each.
     Cost: one model per rank, whose layer total and row bounds are set for each L, solved
     without presolve; and an L whose value the previous L's answer plus one kept layer in some
     chunk already meets (it cannot be less: non-decreasing) takes no solve at all (Llama 3
     405B's 16 ranks: 2.4 s -> 0.7 s on 2 cores, 468 solves -> 329, the same tables)."""
     assert len(lin.runs) == 1
+    assert spread is None or spread >= 1  # spread 0 splits only multiples of vp: not non-decreasing
     u, vp = lin.u, ctx.vp
     base0, base, trans0, trans, head, chunk_act = lin.memory[rank]
     k = int(lin.kind_of_run[0])
@@ -891,6 +898,11 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
     model.Add(sum(t) == total)
     for c in range(vp):
         model.Add(rc[c] <= t[c])
+    if spread is not None:
+        fewest = model.NewIntVar(0, most, "")
+        for c in range(vp):
+            model.Add(t[c] >= fewest)
+            model.Add(t[c] <= fewest + spread)
     any_ = model.NewBoolVar("")
     model.Add(sum(rc) <= most * any_)
 
@@ -925,6 +937,7 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
             # rows, this L needs no more recompute than the previous one
             w_t, w_rc = witness
             grown = [[x + (c == j) for j, x in enumerate(w_t)] for c in range(vp)]
+            grown = [t_c for t_c in grown if spread is None or max(t_c) - min(t_c) <= spread]
             fits = [t_c for t_c in grown if all(v <= b for v, b in zip(loads(t_c, w_rc, int(sum(w_rc) > 0)), bounds))]
             if fits:
                 witness = (fits[0], w_rc)

@@ -535,7 +535,7 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
 
 def region_bound(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, incumbent, goal_s: float, slack_s: float, budget_s: float,
                  tables, min_layers: int, max_layers: int | None) -> tuple[float | None, bool]:
-    """Free layouts of one kind of layer, with an incumbent (its score): the integer
+    """Layouts of one kind of layer, with an incumbent (its score): the integer
     consequences of beating it (rank_order_region: rank totals, stage 0) and, within them, the
     LP relaxation of the schedule graph (lp_region_bound), in `budget_s`. Where the LP reaches
     `goal_s` (the incumbent less the rounding slack), that certifies the incumbent without a
@@ -589,14 +589,18 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     as answers break them. Where no seed fits (one kind of decoder layer, not uniform_recompute),
     the ROUND_STARTS fastest of round_seeds' answers join the seeds and the local search runs
     from each.
-    Free layouts with an incumbent, one kind of decoder layer: first the integer consequences
-    of beating the incumbent (rank_order_region: each rank's least and most layers, stage 0's
-    most, from the ranks' busy time and the order their first layers come in) and the LP
+    Layouts with an incumbent, one kind of decoder layer (free ones, and regular ones where
+    stages pay nothing for holding a layer): first the integer consequences of beating the
+    incumbent (rank_order_region: each rank's least and most layers, stage 0's most, from the
+    ranks' busy time, the recompute their totals force and the order their first layers come
+    in) and the LP
     relaxation of the schedule graph within them (lp_region_bound), with at most
     `region_fraction` of the time left: where the LP reaches the incumbent that certifies it
     with no CP-SAT round (Llama 3 405B on pp 16 x vp 8: the integer rank totals are what the
-    path cuts' LP relaxation misses, 2.1% below Megatron's split); otherwise the region's
-    rows and the LP's paths join the model for the rounds.
+    path cuts' LP relaxation misses, 2.1% below Megatron's split; its regular layouts: 2.4 s
+    -> 0.4 s); otherwise the region's rows and the LP's paths join the model for the rounds
+    (cp 1 with per-chunk recompute, regular layouts, whose tables hold a rank to 8 layers:
+    1.8% -> 1.6% in 10 s).
     Free layouts with an incumbent: each round asks CP-SAT for layouts the model prices below
     the incumbent; every answer's longest path becomes a cut (or the answer the new incumbent),
     and INFEASIBLE certifies the incumbent. Before the rounds the model takes the paths that
@@ -628,8 +632,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     Megatron's one --recompute-num-layers (the exportable answer), seeded also with layouts that
     pack each rank's layers into its last chunks (packed_seeds). With one kind of decoder
     layer (rank_tables), each rank's fewest recomputed layers at each of its layer totals
-    (least_recompute, 0.7-0.8 s for Llama 3 405B's 16 ranks on 2 cores; `table_cache`: shared by calls on the
-    same skeleton, two_phase) join the model as element constraints
+    (least_recompute, over regular splits where chunk_spread is set; 0.7-0.8 s for Llama 3
+    405B's 16 ranks on 2 cores; `table_cache`: shared by calls on the same skeleton, two_phase) join the model as element constraints
     with their convex envelopes, and the rank region as recompute its work must include: the
     memory rows alone let the LP recompute a fraction of a layer where the rank must recompute
     one or two (Llama 3 405B cp 1, regular layouts: 5.9% -> 2.7% in 10 s).
@@ -673,9 +677,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     if recompute and rank_tables and len(runs) == 1:
         most = n_layers if max_layers is None else min(n_layers, vp * max_layers)
         table_cache = {} if table_cache is None else table_cache
-        if most not in table_cache:
-            table_cache[most] = [least_recompute(ctx, lin, r, most) for r in range(pp)]
-        tables = table_cache[most]
+        key = most if chunk_spread is None else (most, chunk_spread)  # step_floor_s reads the free tables by `most`
+        if key not in table_cache:
+            table_cache[key] = [least_recompute(ctx, lin, r, most, chunk_spread) for r in range(pp)]
+        tables = table_cache[key]
     lm = build_layout_model(ctx, lin, min_layers, max_layers, chunk_spread, uniform_recompute, tables, paths)
     model, rc, level, vars_, z, cut, cuts = lm.model, lm.rc, lm.level, lm.vars_, lm.z, lm.cut, lm.cuts
     mtp = ctx.mtp_on_last
@@ -857,7 +862,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             counts, recomputed = lin.layout_counts(np.array(inc.layout.decoders + inc.layout.recompute)[None])
             for n_f, n_b in dwell_paths(ctx, tuple(x[:, 0] for x in lin.times(counts, recomputed if recompute else None))):
                 cut(n_f, n_b)
-        if refine and inc.layout is not None and chunk_spread is None and not graph and len(runs) == 1:
+        if refine and inc.layout is not None and not graph and len(runs) == 1:
             # the rank order alone first (one solve of a tiny model, milliseconds): where no
             # layout's ranks can beat the incumbent it is certified before the bounds below spend
             # their time (Llama 3 405B under ZeRO-2 with 128 micro-batches: relaxed_bound's 2.9 s,
@@ -885,8 +890,14 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # some: the region's integer rows for CP-SAT, and the time to its rounds (Llama 3 405B
             # cp 1, per-chunk recompute, free phase of two_phase: 11.5% -> 6.3-6.6%)
             region_fraction = min(region_fraction, 0.3)
+        if chunk_spread is not None and lin.without_stage_jumps() is not None:
+            # regular layouts whose stages pay for holding a layer (ZeRO-3's gathers, gradient
+            # windows), which the region's LP leaves out: its probes took the time CP-SAT's
+            # rounds certify in (Llama 3 405B cp 2 under ZeRO-2: 0.9% at 10 s with it, certified
+            # in 5.9 s without)
+            region_fraction = 0.0
         region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
-        if refine and inc.layout is not None and chunk_spread is None and not graph and len(runs) == 1 and region_budget >= 1.0 and not proven:
+        if refine and inc.layout is not None and not graph and len(runs) == 1 and region_budget >= 1.0 and not proven:
             lp_bound, proven = region_bound(ctx, lin, lm, inc.score, layout_makespan(inc.score) - 2 * slack, slack, region_budget,
                                             tables, min_layers, max_layers)
             if lp_bound is not None:

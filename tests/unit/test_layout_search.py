@@ -1614,13 +1614,15 @@ def dense_recompute_layouts(tmp_path_factory):
     return [(layout, s.peak_bytes, s.pipeline_s - s.pp_exposed_s) for layout, s in enumerate_layouts(ctx)]
 
 
+@pytest.mark.parametrize("spread", [None, 1])
 @pytest.mark.parametrize("memory_mib", [12000, 10000, 8000])
-def test_least_recompute_is_each_ranks_fewest(tmp_path, dense_recompute_layouts, memory_mib):
+def test_least_recompute_is_each_ranks_fewest(tmp_path, dense_recompute_layouts, memory_mib, spread):
     """least_recompute's table is, per rank and layer total, the fewest layers recomputed by
-    any chunk split and recompute vector of that rank that passes its linear memory rows
-    (brute force over the rank's own choices), never more than what a layout that fits (the
-    exact model, every layout enumerated) recomputes on that rank, and non-decreasing; it ends
-    where no recompute fits the total."""
+    any chunk split (with `spread`, regular ones: chunks within that many layers) and
+    recompute vector of that rank that passes its linear memory rows (brute force over the
+    rank's own choices), never more than what a layout that fits (the exact model, every
+    layout enumerated; with `spread`, every regular one) recomputes on that rank, and
+    non-decreasing; it ends where no recompute fits the total."""
     import itertools
 
     import numpy as np
@@ -1632,12 +1634,12 @@ def test_least_recompute_is_each_ranks_fewest(tmp_path, dense_recompute_layouts,
     pp, vp, n = ctx.pp, ctx.vp, len(ctx.kind_of_layer)
     capacity = ctx.problem.hardware.memory_bytes
     for r in range(pp):
-        table = least_recompute(ctx, lin, r, n)
+        table = least_recompute(ctx, lin, r, n, spread)
         assert all(a <= b for a, b in zip(table, table[1:]))
         for total in range(n + 1):
             fewest = None
             for split in itertools.product(range(total + 1), repeat=vp):
-                if sum(split) != total:
+                if sum(split) != total or (spread is not None and max(split) - min(split) > spread):
                     continue
                 for rec in itertools.product(*(range(c + 1) for c in split)):
                     decoders, recompute = np.zeros(pp * vp, dtype=int), np.zeros(pp * vp, dtype=int)
@@ -1650,7 +1652,7 @@ def test_least_recompute_is_each_ranks_fewest(tmp_path, dense_recompute_layouts,
             else:
                 assert table[total] == fewest
         for layout, peak, _ in dense_recompute_layouts:
-            if peak.max() <= capacity:
+            if peak.max() <= capacity and (spread is None or regular(layout, spread)):
                 total = sum(layout.decoders[r::pp])
                 assert total < len(table) and sum(layout.recompute[r::pp]) >= table[total]
 
