@@ -55,7 +55,8 @@ from costmodel.stage_layout import (  # noqa: E402
 from costmodel.units import GIB  # noqa: E402
 from optimizer.layout_linear import LinearLayouts
 from optimizer.layout_rounds import regular
-from optimizer.layout_search import solve_layout, step_bound, step_floor_s, two_phase
+from optimizer.layout_search import solve_layout, two_phase
+from optimizer.layout_report import step_bound, step_floor_s
 from optimizer.layout_vee import vee_layout_search
 from optimizer.schedule_graph import schedule_graph  # noqa: E402
 

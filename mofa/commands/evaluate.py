@@ -40,7 +40,7 @@ def run(args) -> int:
     layout = None
     if args.pipeline_layout is not None:
         from costmodel.stage_layout import LayoutError
-        from optimizer.layout_search import given_layout_report
+        from optimizer.layout_report import given_layout_report
 
         try:
             spec = problem.config
@@ -53,7 +53,7 @@ def run(args) -> int:
 
         plan = build_plan(problem, batch.spec(0), result["checkpoint_interval"])
         if layout is not None:  # with full recompute, the N the layout was scored with (block method)
-            from optimizer.layout_search import launch_recompute
+            from optimizer.layout_report import launch_recompute
 
             recompute = launch_recompute(layout) if "recompute" in result["pipeline_layout"] else {}
             plan = with_pipeline_layout(plan, layout).model_copy(update=recompute)

@@ -153,7 +153,7 @@ def solve_output(problem, source: str, method: str, objective: str | None, top: 
         out["pipeline_replay"] = finite(pipeline_replay(problem, result.top_configs.take([0])))
     if layout_time_limit_s is not None and out.get("best"):
         from mofa.launch.plan import with_pipeline_layout
-        from optimizer.layout_search import launch_recompute, layout_report
+        from optimizer.layout_report import launch_recompute, layout_report
 
         try:
             report, layout = layout_report(problem, result.top_configs.take([0]), layout_time_limit_s)

@@ -424,7 +424,7 @@ def test_ctrl_c_in_the_layout_search_keeps_the_configuration(monkeypatch):
     """`mofa solve --pipeline-layouts`: a Ctrl-C while the layout search runs ends that search
     only; the solved configuration is reported (and launched) with its own split, and the
     layout report says it was interrupted."""
-    import optimizer.layout_search
+    import optimizer.layout_report
     from conftest import PROBLEMS
     from mofa.commands._common import load_for_search
     from mofa.commands.solve import render_layout, solve_output
@@ -432,7 +432,7 @@ def test_ctrl_c_in_the_layout_search_keeps_the_configuration(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(optimizer.layout_search, "layout_report", interrupted)
+    monkeypatch.setattr(optimizer.layout_report, "layout_report", interrupted)
     path = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
     out, plans = solve_output(load_for_search(path, []), path, "cpsat", None, 1, None, layout_time_limit_s=5.0)
     assert out["status"] == "optimal" and out["best"] is not None and plans
@@ -487,14 +487,14 @@ def test_ctrl_c_before_the_one_n_search_launches_one_n(monkeypatch):
     reported as stopped by Ctrl-C."""
     import dataclasses
 
-    import optimizer.layout_search
+    import optimizer.layout_report
     from conftest import PROBLEMS
     from mofa.commands._common import load_for_search
     from mofa.commands.solve import render_layout, solve_output
 
     path = str(PROBLEMS / "tuning" / "llama2_70b_128gpu.yaml")
     sets = LLAMA2_PP4_VP2 + ["features.recompute=[full]"]
-    real_two_phase, real_solve_layout, after = optimizer.layout_search.two_phase, optimizer.layout_search.solve_layout, []
+    real_two_phase, real_solve_layout, after = optimizer.layout_report.two_phase, optimizer.layout_report.solve_layout, []
 
     def two_phase(*args, **kwargs):
         first, second = real_two_phase(*args, **kwargs)
@@ -506,8 +506,8 @@ def test_ctrl_c_before_the_one_n_search_launches_one_n(monkeypatch):
             after.append("solve_layout")
         return real_solve_layout(*args, **kwargs)
 
-    monkeypatch.setattr(optimizer.layout_search, "two_phase", two_phase)
-    monkeypatch.setattr(optimizer.layout_search, "solve_layout", solve_layout)
+    monkeypatch.setattr(optimizer.layout_report, "two_phase", two_phase)
+    monkeypatch.setattr(optimizer.layout_report, "solve_layout", solve_layout)
     out, plans = solve_output(load_for_search(path, sets), path, "cpsat", None, 1, None, layout_time_limit_s=10.0)
     report = out["pipeline_layout"]
     assert after == ["two_phase"]  # the search with one N did not run

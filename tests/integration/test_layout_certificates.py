@@ -50,7 +50,8 @@ def test_rank_order_proves_the_split_of_a_shipped_problem_optimal():
     with nothing on stage 0 escaped this until it took a place in the order too (the search
     stopped at 1.1% in 10 s, its LP spreading 7.875 layers on every rank)."""
     from optimizer.layout_bounds import rank_order_region
-    from optimizer.layout_search import layout_makespan, own_layout
+    from optimizer.layout_report import own_layout
+    from optimizer.layout_rounds import layout_makespan
     from costmodel.stage_layout import score_layout
 
     problem = load_problem(str(LLAMA_2048), ["tp=4", "cp=8", "pp=16", "vp=8", "dp=4", "mbs=1", "pp_schedule=interleaved_1f1b",
@@ -76,7 +77,7 @@ def test_the_shipped_answer_that_offloads_activations_is_certified():
     offload) was refused by the layout search, which did not model offload. Now its memory rows
     hold each chunk's input in flight and two layers' sets in transit, and Megatron's split is
     proven optimal among its 7e74 layouts."""
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     problem = load_problem(str(LLAMA_64), ["tp=2", "cp=2", "pp=16", "vp=8", "mbs=1", "layer_split=uneven", "first_stage_layers=7",
                                            "last_stage_layers=7", "zero_stage=1", "pp_overlap=true", "dp_overlap=true", "cpu_optimizer=true",
@@ -96,7 +97,7 @@ def test_a_single_stage_is_enumerated():
     128 GPUs (ZeRO-3, mbs 2) with full recompute and 60 GiB, the answer recomputes the fewest
     layers that fit: one fewer does not."""
     from costmodel.stage_layout import layout_context, score_layout
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     common = ["tp=1", "pp=1", "mbs=2", "zero_stage=3", "dp_overlap=true"]
     offload = load_problem(str(LLAMA2_128), common + ["activation_offload=layer"])

@@ -148,7 +148,7 @@ def test_solve_pipeline_layouts(tmp_path):
 def test_megatron_gets_the_layout_recompute(plan):
     """A layout whose recompute counts are min(N, layers) for one N launches as Megatron's block
     method with that N beside the layout; counts no one N gives are refused."""
-    from optimizer.layout_search import launch_recompute
+    from optimizer.layout_report import launch_recompute
 
     p, layout = plan
     chosen = layout.with_recompute([min(1, d) for d in layout.decoders])
@@ -188,7 +188,7 @@ def test_a_degree_only_a_layout_splits_is_searched_and_launched():
     with pytest.raises(ExportError, match="pipeline layout"):
         torchtitan_args(plan)
     # --pipeline-layouts starts from the split itself: the search takes it, and is never worse
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     report, found = layout_report(problem, result.top_configs.take([0]), time_limit_s=3.0)
     assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
@@ -223,7 +223,7 @@ def test_evaluate_scores_a_given_layout():
     own split, and launched with that layout (the JSON's plan)."""
     from costmodel.configs import ConfigBatch
     from costmodel.stage_layout import layout_context, score_layout
-    from optimizer.layout_search import own_layout
+    from optimizer.layout_report import own_layout
 
     text = "Et*3|(tt|)*29,|mL"
     result = run_mofa("evaluate", str(DSV3), *sets(DSV3_INTERLEAVED), "--pipeline-layout", text, "--json")

@@ -201,7 +201,7 @@ def test_one_n_after_ctrl_c_launches_what_megatron_can(tmp_path):
     from costmodel.stage_layout import score_layout
     from optimizer.layout_linear import fewest_recompute
     from optimizer.layout_rounds import LayoutSolution, layout_makespan
-    from optimizer.layout_search import one_n_after_ctrl_c
+    from optimizer.layout_report import one_n_after_ctrl_c
     from optimizer.layout_seeds import packed_seeds
 
     from test_layout_search import recompute_context

@@ -138,7 +138,7 @@ def test_gradient_windows_are_searched_and_match_enumeration(tmp_path, columns):
     from costmodel.stage_layout import stage_ranks
     from costmodel.update import window_compute_s
     from optimizer.layout_linear import LinearLayouts
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     path = tmp_path / "tiny_dense.yaml"
     path.write_text(TINY_DENSE.replace("LAYERS", "8"))
@@ -248,7 +248,7 @@ def test_dualpipev_gradient_windows_are_searched_and_match_enumeration(tmp_path,
     from costmodel.specs import PP_SCHEDULES
     from costmodel.stage_layout import stage_times, stage_weights
     from optimizer.layout_linear import LinearLayouts
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
     from optimizer.layout_vee import vee_layout_search
 
     path = tmp_path / "tiny.yaml"
@@ -303,7 +303,7 @@ def test_gradient_windows_with_moe_layers_are_searched_and_match_enumeration(tmp
 
     from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
@@ -1183,7 +1183,7 @@ def test_layout_report_states_whether_megatron_can_launch_the_recompute(tmp_path
     recompute is no min(N, layers): the report says so, keeps it aside, and reports (and would
     launch) the best layout with one N, which is slower but launchable; launch_recompute turns
     it into Megatron's block method."""
-    from optimizer.layout_search import launch_recompute, layout_report
+    from optimizer.layout_report import launch_recompute, layout_report
 
     ctx = recompute_context(tmp_path, 4, 1, 44000)
     cfg = ConfigBatch.from_columns(64, tp=8, pp=4, vp=1, ep=8, mbs=1, first_layers=1, last_layers=2, zero_stage=1,
@@ -1209,7 +1209,7 @@ def test_layout_report_searches_one_n_where_the_answer_already_is_one(tmp_path, 
     N (0) gives: the report says Megatron can launch them, keeps nothing aside, and still runs
     the search with one N, whose level bounds rule out every N >= 1 and certify the layout
     (the search over any per-stage counts says nothing of that kind)."""
-    from optimizer.layout_search import _BOUND_NOTES, layout_report
+    from optimizer.layout_report import _BOUND_NOTES, layout_report
 
     ctx = recompute_context(tmp_path, 4, 1, 200000)
     cfg = ConfigBatch.from_columns(64, tp=8, pp=4, vp=1, ep=8, mbs=1, first_layers=1, last_layers=2, zero_stage=1,
@@ -1712,7 +1712,7 @@ def test_a_larger_space_bound_carries_over():
     """within_superset: the per-stage search's bound holds for the one-N layouts; it replaces a
     lower one, certifies an answer it reaches, and never lowers a bound."""
     from optimizer.layout_rounds import LayoutSolution
-    from optimizer.layout_search import within_superset
+    from optimizer.layout_report import within_superset
 
     layout = StageLayout.from_stage_sizes(2, 1, [2, 2], 0)
     one_n = LayoutSolution(layout, 10.0, 9.0, 9.0, 7.0, False, 1.0, True, 1, "cp-sat")
@@ -1795,7 +1795,7 @@ def test_the_regular_answer_takes_the_free_searchs_bound():
     regular answer too (within_superset, source "free"), which is then certified where that bound
     meets its makespan; a lower free bound changes nothing."""
     from optimizer.layout_rounds import LayoutSolution
-    from optimizer.layout_search import within_superset
+    from optimizer.layout_report import within_superset
 
     layout = StageLayout.from_stage_sizes(2, 1, [3, 4], 0)
     regular_answer = LayoutSolution(layout, 10.5, 10.0, 9.0, 9.5, False, 1.0, True, 3)
@@ -1815,7 +1815,7 @@ def test_the_step_floor_leaves_memory_out_where_the_linear_model_does_not_hold()
     from costmodel.stage_layout import step_overhead_floor_s
     from optimizer.layout_linear import LinearLayouts
     from optimizer.layout_rounds import LayoutSolution
-    from optimizer.layout_search import own_layout, step_floor_s
+    from optimizer.layout_report import own_layout, step_floor_s
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     problem = load_problem(os.path.join(root, "problems/tuning/llama2_70b_128gpu.yaml"), ["tp=1", "pp=1", "mbs=2", "zero_stage=3"])

@@ -411,7 +411,7 @@ def test_dualpipev_split_scores_as_the_exact_model(llama_vee):
     0.1% of the digital twin's replay of the exact model's passes (which times the hops in the
     simulation, where the layout model adds the exposed P2P of eq. 23 to a hop-free one)."""
     from costmodel.twin import replay_pipeline
-    from optimizer.layout_search import own_layout
+    from optimizer.layout_report import own_layout
 
     problem, cfg, ctx = llama_vee
     e = evaluate(problem, cfg)
@@ -441,7 +441,8 @@ def test_dualpipev_layouts_are_certified_by_their_own_search(llama_vee):
     chain to its first stage, left 1.2%; it is 0.7% above the ranks' mean work, since 3 of the
     61 layers are dense, and holds for any V layout, fitting or not)."""
     from optimizer.layout_bounds import work_bound_s
-    from optimizer.layout_search import layout_report, solve_layout
+    from optimizer.layout_search import solve_layout
+    from optimizer.layout_report import layout_report
     from optimizer.layout_vee import vee_rank_bound
 
     _, _, ctx = llama_vee
@@ -470,7 +471,7 @@ def test_a_v_search_under_memory_pressure_is_certified(llama_vee):
     it replaces ran out of 10 s still over the capacity). What it returns fits, by the exact
     model, and no V layout is faster than its bound: not the rank bound, nor any layout a few
     random one-layer moves away from the answer that fits (by the exact model)."""
-    from optimizer.layout_search import own_layout
+    from optimizer.layout_report import own_layout
     from optimizer.layout_vee import vee_layout_search, vee_rank_bound
 
     _, _, ctx = llama_vee
@@ -503,7 +504,7 @@ def test_a_v_layout_that_does_not_fit_is_repaired():
     """Without the CPU optimizer the same V split needs 66.4 GiB of device B's 64: the descent
     moves layers off the rank with the highest peak until a layout fits, which is launched
     (applied) though it is slower than the split that does not fit."""
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     overrides = [o for o in DSV3_VEE if not o.startswith("cpu_optimizer")] + ["cpu_optimizer=false"]
     problem = load_problem("problems/tuning/deepseek_v3_2048gpu_sn8.yaml", overrides)

@@ -106,7 +106,7 @@ def test_layout_report_step_bound_holds_for_every_layout(tmp_path):
     layout that fits in the space it speaks for, the launched one-N answer's and the per-stage
     answer's alike (7-layer DeepSeek-V3 at 44000 MiB on pp 4 x vp 1, where the best per-stage
     recompute is no one N), and its step gap is at least what its makespan gap leaves in the step."""
-    from optimizer.layout_search import layout_report
+    from optimizer.layout_report import layout_report
 
     ctx = context(tmp_path, MOE, True, ["hardware.memory_mib=44000"], tp=8, pp=4, vp=1, ep=8, last_layers=2)
     report, _ = layout_report(ctx.problem, ctx.cfg, time_limit_s=20)
@@ -129,7 +129,8 @@ def test_memory_keeps_the_update_floor_to_layouts_that_fit(tmp_path):
     the floor is that layout's, and step_floor_s takes it where an answer updates more than the
     floor without memory."""
     from optimizer.layout_linear import LinearLayouts, least_recompute
-    from optimizer.layout_search import solve_layout, step_floor_s
+    from optimizer.layout_search import solve_layout
+    from optimizer.layout_report import step_floor_s
 
     ctx = context(tmp_path, DENSE, False, ["hardware.memory_mib=8000"], tp=8, pp=4, vp=1)
     fitting = [(layout, s) for layout, s in enumerate_layouts(ctx) if s.fits]
