@@ -11,8 +11,10 @@ off the exact ledger by probing it (no formula is copied), and the answer is re-
 activation offload a chunk's bytes are what stays on the GPU (costmodel.stage_layout.
 in_flight_bytes: a constant per chunk in flight under MoFa's whole-layer offload, its
 input), and the in-flight rows add the two layers' offloaded sets in transit of the largest kind
-the rank holds (LinearLayouts.in_transit, which also holds FCDA's chunk of expert tensors); the
-host's memory is left to the exact score.
+the rank holds (LinearLayouts.in_transit, which also holds FCDA's chunk of expert tensors). A
+rank's host memory is linear too (rank_host_terms: its ledger's at nothing in flight, a CPU
+optimizer's states, plus what its chunks offload per micro-batch in flight, one row per h
+against the GPU's share of the node's host memory, LinearLayouts.host_rows).
 
 Layer kinds: a stage holds a contiguous run of the model's layers, so with prefix sums P_s the
 layers of kind-run [a, b) in stage s are clip(P_s, a, b) - clip(P_{s-1}, a, b).
@@ -42,6 +44,7 @@ from costmodel.stage_layout import (
     LayoutError,
     StageLayout,
     chunk_times,
+    layout_host_bytes,
     layout_ledgers,
     rank_ledger,
     recompute_working_bytes,
@@ -171,6 +174,39 @@ def rank_memory_terms(ctx: LayoutContext, rank: int) -> tuple[tuple[float, np.nd
             head += transit[ctx.mtp_kind]
             transit = np.maximum(transit - transit[ctx.mtp_kind], 0.0)
     return (base0, base, trans0, trans, head, chunk_act), largest, transit
+
+
+def rank_host_terms(ctx: LayoutContext, rank: int) -> tuple[float, np.ndarray, np.ndarray] | None:
+    """(host_0, host per kind, [chunk] host per micro-batch in flight whatever its decoder
+    layers) of a rank: stage_layout.rank_host_bytes in linear form,
+        host_0 + host . counts + max_h sum_c h_c (kind_host . chunk_c + chunk_host_c),
+    its ledger's host memory at nothing in flight (a CPU optimizer's states; probed at 0..3 layers
+    of each kind, the MTP modules on the last rank) plus what its chunks offload per micro-batch
+    in flight (unit_costs' kind_host; the MTP modules' with the last local chunk). None where the
+    ledger's host memory is not affine in the layers (then the exact score alone tests it)."""
+    last_rank = stage_ranks(ctx.pp, ctx.vp, ctx.vee)[-1]
+    first, last = rank == 0, rank == last_rank
+    mtp = ctx.problem.model.mtp_layers if last else 0
+    k = len(ctx.kinds)
+    edge = np.zeros(k)
+    if last and ctx.mtp_kind is not None:
+        edge[ctx.mtp_kind] = mtp
+
+    def idle(counts) -> float:
+        return float(np.asarray(rank_ledger(ctx, counts + edge, first, last, mtp, 0.0).host).ravel()[0])
+
+    host0 = idle(np.zeros(k))
+    per_kind = np.zeros(k)
+    for j in range(k):
+        h1, h2, h3 = (idle(n * np.eye(k)[j]) for n in (1, 2, 3))
+        per_kind[j] = h1 - host0
+        if not (math.isclose(h2 - h1, per_kind[j], rel_tol=1e-9, abs_tol=1.0) and math.isclose(h3 - h2, per_kind[j], rel_tol=1e-9, abs_tol=1.0)):
+            return None
+    kind_host = unit_costs(ctx)["kind_host"]
+    chunk_host = np.zeros(ctx.vp)
+    if last:
+        chunk_host[-1] = float(edge @ kind_host)
+    return host0, per_kind, chunk_host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +345,12 @@ class LinearLayouts:
         self.frag = ctx.mc.fragmentation
         self.capacity = ctx.problem.hardware.memory_bytes
         self._check_memory()
+        # per rank, its host memory in linear form (rank_host_terms), where a rank can use any
+        # (a CPU optimizer, activation offload) and the terms meet the exact score on the probe
+        # layouts; else None and the exact score alone tests the host (a layout over it is
+        # excluded when scored)
+        self.host_capacity = float(ctx.mc.host_share_bytes)
+        self.host = self._host_terms()
 
     def _add_zero_traffic(self, u: dict, edge: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
         """Probe stage_zero_terms with every stage holding 0..3 layers of one kind: ZeRO-3's
@@ -518,6 +560,37 @@ class LinearLayouts:
                 raise LayoutError("the layout search does not model this skeleton's memory: its linear rank peaks differ from the exact "
                                   "ledger's; `mofa evaluate --pipeline-layout` scores a layout under it")
 
+    def _host_terms(self) -> list | None:
+        """rank_host_terms of every rank, where some rank uses host memory and they meet
+        stage_layout.layout_host_bytes on the probe layouts (_probe_layouts) within 1 KiB; else None."""
+        terms = [rank_host_terms(self.ctx, r) for r in range(self.ctx.pp)]
+        uses_host = any(t[0] or t[1].any() for t in terms if t is not None) or unit_costs(self.ctx)["kind_host"].any()
+        if any(t is None for t in terms) or not uses_host:
+            return None
+        self.host = terms
+        for layout in self._probe_layouts():
+            exact = layout_host_bytes(self.ctx, layout, layout_ledgers(self.ctx, layout))
+            mine = np.array([rows.max(axis=1)[0] for rows in self.host_rows(self.run_counts(np.array([layout.decoders])))])
+            if not np.allclose(mine, exact, rtol=0.0, atol=1024.0):
+                return None
+        return terms
+
+    def host_rows(self, counts: np.ndarray) -> list[np.ndarray] | None:
+        """Per rank, [K, vectors] its host bytes at each in-flight vector of ctx.held (the host
+        memory is their max, rank_host_terms) of K layouts' run counts [K, stage, run]; None
+        without host terms."""
+        if self.host is None:
+            return None
+        kind_host = self.u["kind_host"][self.kind_of_run]  # [run]
+        out = []
+        for r, (host0, per_kind, chunk_host) in enumerate(self.host):
+            mine = counts[:, self.ctx.stages_of[r], :]  # [K, chunk, run]
+            idle = host0 + mine.sum(axis=1) @ per_kind[self.kind_of_run]
+            held = np.asarray(self.ctx.held[r], dtype=float).reshape(-1, self.ctx.vp)  # [vectors, chunk]
+            offloaded = (mine @ kind_host + chunk_host) @ held.T if len(held) else np.zeros((len(counts), 1))
+            out.append(idle[:, None] + offloaded)
+        return out
+
     def run_counts(self, decoders: np.ndarray) -> np.ndarray:
         """[K, stage, run] layers of each kind-run in each stage of K layouts [K, stage]."""
         prefix = np.cumsum(decoders, axis=1)
@@ -640,11 +713,16 @@ class LinearLayouts:
         return out
 
     def excess(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
-        """[K, rank] bytes of each rank's peak over the capacity (0 where it fits)."""
-        return np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts, recomputed)], axis=1)
+        """[K, rank] bytes of each rank's peak over the capacity, plus its host memory's over the
+        host share where the model has host terms (0 where both fit)."""
+        over = np.stack([np.maximum(rows.max(axis=1) - self.capacity, 0.0) for rows in self.rank_rows(counts, recomputed)], axis=1)
+        host = self.host_rows(counts)
+        if host is not None:
+            over = over + np.stack([np.maximum(rows.max(axis=1, initial=-np.inf) - self.host_capacity, 0.0) for rows in host], axis=1)
+        return over
 
     def fits(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
-        """[K] whether every rank's linear memory test passes."""
+        """[K] whether every rank's linear memory test passes (its host memory's too)."""
         return (self.excess(counts, recomputed) <= 0).all(axis=1)
 
     def screen(self, vectors) -> "Screened":
@@ -720,7 +798,8 @@ def over_capacity_without_recompute(model: cp_model.CpModel, ctx: LayoutContext,
 class MemoryRows:
     """The rank memory test of LinearLayouts.rank_rows as CP-SAT rows over a layout model's
     layers of each kind-run per stage (and recomputed ones): per rank one row for the
-    optimizer transient and one per in-flight vector h, in integer KiB. A rank of interleaved
+    optimizer transient and one per in-flight vector h, in integer KiB (and, where the model has
+    host terms, one host row per vector h, LinearLayouts.host_rows). A rank of interleaved
     1F1B has up to ~100 vectors, and all of them make a model whose presolve alone takes
     seconds; so each rank starts with its transient row, and a layout that breaks a row brings
     that row in (add_broken; fewer rows only relax the model: its bound stays valid)."""
@@ -782,6 +861,21 @@ class MemoryRows:
                                                               for j, k in enumerate(kind_of_run)) for c, s in enumerate(mine) if h[c]) + working
                 const = int(round((head + h @ chunk_act) / BYTE_SCALE))
                 self.rows[r, i] = base_expr * 1000 + scaled_frag * (act_expr + const + in_transit)
+        self.bounds = {}  # a row's bound where it is not the GPU's (the host rows')
+        if lin.host is not None:
+            # host memory (LinearLayouts.host_rows) per rank and in-flight vector, in KiB with
+            # the coefficients rounded down: a row never stricter than the exact score
+            kind_host = u["kind_host"]
+            host_budget = int(math.floor(lin.host_capacity / BYTE_SCALE))
+            for r, (host0, per_kind, chunk_host) in enumerate(lin.host):
+                mine = [int(s) for s in ctx.stages_of[r]]
+                held = np.asarray(ctx.held[r], dtype=np.int64).reshape(-1, ctx.vp)
+                for i, h in enumerate(held if len(held) else np.zeros((1, ctx.vp), dtype=np.int64)):
+                    coef = {(s, j): int(math.floor((per_kind[k] + h[c] * kind_host[k]) / BYTE_SCALE))
+                            for c, s in enumerate(mine) for j, k in enumerate(kind_of_run)}
+                    self.rows[r, "host", i] = (sum(v * run_counts[s][j] for (s, j), v in coef.items() if v)
+                                               + int(math.floor((host0 + h @ chunk_host) / BYTE_SCALE)))
+                    self.bounds[r, "host", i] = host_budget
         for r in range(ctx.pp):
             self.add((r, -1))
 
@@ -806,7 +900,7 @@ class MemoryRows:
         if key in self.added:
             return False
         self.added.add(key)
-        self.model.Add(self.rows[key] <= self.budget * 1000)
+        self.model.Add(self.rows[key] <= self.bounds.get(key, self.budget * 1000))
         return True
 
     def add_broken(self, vector) -> bool:
@@ -818,6 +912,9 @@ class MemoryRows:
             values = values[0]  # [1 + vectors] bytes: transient first
             for i in [int(np.argmax(values))] + [i for i in np.flatnonzero(values > self.ctx.problem.hardware.memory_bytes)]:
                 new |= self.add((r, i - 1))
+        for r, values in enumerate(self.lin.host_rows(counts) or ()):
+            for i in np.flatnonzero(values[0] > self.lin.host_capacity):  # the host rows it breaks
+                new |= self.add((r, "host", int(i)))
         return new
 
 

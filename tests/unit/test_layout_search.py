@@ -13,7 +13,7 @@ from costmodel.loader import load_problem
 from costmodel.stage_layout import LayoutError, StageLayout, layout_context, unit_costs
 from optimizer.layout_linear import kind_runs
 from optimizer.layout_oracles import dp_layout, enumerate_layouts
-from optimizer.layout_rounds import regular
+from optimizer.layout_rounds import layout_makespan, regular
 from optimizer.layout_search import solve_layout, two_phase
 
 TINY = """name: tiny-moe
@@ -408,8 +408,9 @@ def test_torchtitan_pipeline_buffers_are_searched():
 def check_linear_against_ledger(ctx, rng, layouts: int) -> None:
     """For random layouts and recompute vectors of ctx's skeleton: LinearLayouts' stage times are
     the exact model's, no rank's linear peak is above the ledger's and none below it by more than
-    `buffer_spread`."""
-    from costmodel.stage_layout import layout_ledgers, stage_times
+    `buffer_spread`; where the model has host terms (a CPU optimizer, activation offload) each
+    rank's host bytes are the exact score's (layout_host_bytes) within 1 KiB."""
+    from costmodel.stage_layout import layout_host_bytes, layout_ledgers, stage_times
     from optimizer.layout_linear import LinearLayouts
 
     lin = LinearLayouts(ctx)  # not refused
@@ -430,6 +431,10 @@ def check_linear_against_ledger(ctx, rng, layouts: int) -> None:
         mine = lin.capacity - lin.headroom(counts, rc)[0]
         assert (mine <= exact + 1024.0).all(), (layout, mine - exact)
         assert (mine + lin.buffer_spread >= exact - 1024.0).all(), (layout, mine + lin.buffer_spread - exact)
+        if lin.host is not None:
+            host = np.array([rows.max(axis=1)[0] for rows in lin.host_rows(counts)])
+            exact_host = layout_host_bytes(ctx, layout, layout_ledgers(ctx, layout))
+            assert host == pytest.approx(exact_host, rel=0.0, abs=1024.0), (layout, host - exact_host)
 
 
 SKELETON_AXES = (((1, 0), (2, 0), (3, 0), (3, 1)), (0, 1), (0, 1), (0, 1))  # (ZeRO stage, reshard), recompute, CPU optimizer, DP overlap
@@ -495,6 +500,7 @@ def test_linear_layouts_bound_the_ledger_under_activation_offload(offload):
 
     from costmodel.configs import offload_code
     from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rng = np.random.default_rng(1)
@@ -509,6 +515,7 @@ def test_linear_layouts_bound_the_ledger_under_activation_offload(offload):
         ctx = layout_context(problem, ConfigBatch.from_columns(gpus, **columns))
         u = unit_costs(ctx)
         assert (u["chunk_activation"] > 0) == (offload == "layer") and (u["kind_host"] > 0).any()
+        assert LinearLayouts(ctx).host is not None  # the host rows are checked too
         check_linear_against_ledger(ctx, rng, layouts)
 
 
@@ -547,21 +554,37 @@ def test_cpsat_matches_enumeration_under_fcda(tmp_path, memory_mib):
     assert_certifies_enumeration_optimum(layout_context(problem, cfg))
 
 
-@pytest.mark.parametrize("offload,memory_mib", [("layer", 81559), ("layer", 30000), (OFFLOADS[1], 81559), (OFFLOADS[1], 37000)])
-def test_cpsat_matches_enumeration_under_activation_offload(tmp_path, offload, memory_mib):
+@pytest.mark.parametrize("offload,memory_mib,host_gb", [("layer", 81559, None), ("layer", 30000, None), (OFFLOADS[1], 81559, None),
+                                                         (OFFLOADS[1], 37000, None), ("layer", 81559, 292)])
+def test_cpsat_matches_enumeration_under_activation_offload(tmp_path, offload, memory_mib, host_gb):
     """The layout search under activation offload certifies enumeration's optimum: the tiny
     DeepSeek-like model's 7 layers on pp 2 x vp 2 at 32K tokens (CPU optimizer: activations
     bind, not the optimizer's transient), roomy and where memory binds (30000 MiB under
     whole-layer offload, 37000 under the modules': the fastest layout's peak is 33782 / 40089
-    MiB, the least any layout needs 28238 / 34375); tolerance 1e-6 relative (integer nanoseconds)."""
+    MiB, the least any layout needs 28238 / 34375), and where the host binds (292 GB a node of 8
+    GPUs, 34.0 GiB a GPU: the fastest layout offloads 35.8 GiB on a rank, the next 32.5; the
+    linear model's host rows, LinearLayouts.host_rows, hold it); tolerance 1e-6 relative
+    (integer nanoseconds)."""
     from costmodel.configs import offload_code
+    from optimizer.layout_linear import LinearLayouts, MemoryRows
+    from optimizer.layout_search import build_layout_model
 
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_RECOMPUTE)
-    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
+    problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"] + ([f"hardware.host_memory_gb_per_node={host_gb}"] if host_gb else []))
     cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=2, last_layers=2, zero_stage=1, cpu_optimizer=1,
                                    activation_offload=offload_code(offload))
-    assert_certifies_enumeration_optimum(layout_context(problem, cfg))
+    ctx = layout_context(problem, cfg)
+    if host_gb:  # the fastest layout is over the host share, and the linear test says so
+        fastest = min(enumerate_layouts(ctx), key=lambda pair: layout_makespan(pair[1]))
+        assert fastest[1].peak_bytes.max() <= ctx.problem.hardware.memory_bytes  # its GPUs fit it
+        assert not fastest[1].fits and fastest[1].host_bytes.max() > ctx.mc.host_share_bytes
+        lin = LinearLayouts(ctx)
+        assert not lin.fits(lin.run_counts(np.array([fastest[0].decoders])))[0]
+        lm = build_layout_model(ctx, lin)  # and it brings a host row into CP-SAT's model
+        rows = MemoryRows(lm.model, ctx, lin, lm.run_counts)
+        assert rows.add_broken(fastest[0].decoders + fastest[0].recompute) and any(key[1] == "host" for key in rows.added)
+    assert_certifies_enumeration_optimum(ctx)
 
 
 def torchtitan_8b_context(seq_len: int, memory_mib: int | None = None):
