@@ -350,7 +350,10 @@ class LinearLayouts:
         # layouts; else None and the exact score alone tests the host (a layout over it is
         # excluded when scored)
         self.host_capacity = float(ctx.mc.host_share_bytes)
-        self.host = self._host_terms()
+        self.host = [rank_host_terms(ctx, r) for r in range(ctx.pp)]
+        uses_host = any(t[0] or t[1].any() for t in self.host if t is not None) or u["kind_host"].any()
+        if any(t is None for t in self.host) or not uses_host or not self._host_rows_exact():
+            self.host = None
 
     def _add_zero_traffic(self, u: dict, edge: np.ndarray, mtp: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
         """Probe stage_zero_terms with every stage holding 0..3 layers of one kind: ZeRO-3's
@@ -560,20 +563,15 @@ class LinearLayouts:
                 raise LayoutError("the layout search does not model this skeleton's memory: its linear rank peaks differ from the exact "
                                   "ledger's; `mofa evaluate --pipeline-layout` scores a layout under it")
 
-    def _host_terms(self) -> list | None:
-        """rank_host_terms of every rank, where some rank uses host memory and they meet
-        stage_layout.layout_host_bytes on the probe layouts (_probe_layouts) within 1 KiB; else None."""
-        terms = [rank_host_terms(self.ctx, r) for r in range(self.ctx.pp)]
-        uses_host = any(t[0] or t[1].any() for t in terms if t is not None) or unit_costs(self.ctx)["kind_host"].any()
-        if any(t is None for t in terms) or not uses_host:
-            return None
-        self.host = terms
+    def _host_rows_exact(self) -> bool:
+        """Whether host_rows meet stage_layout.layout_host_bytes on the probe layouts
+        (_probe_layouts) within 1 KiB."""
         for layout in self._probe_layouts():
             exact = layout_host_bytes(self.ctx, layout, layout_ledgers(self.ctx, layout))
             mine = np.array([rows.max(axis=1)[0] for rows in self.host_rows(self.run_counts(np.array([layout.decoders])))])
             if not np.allclose(mine, exact, rtol=0.0, atol=1024.0):
-                return None
-        return terms
+                return False
+        return True
 
     def host_rows(self, counts: np.ndarray) -> list[np.ndarray] | None:
         """Per rank, [K, vectors] its host bytes at each in-flight vector of ctx.held (the host
