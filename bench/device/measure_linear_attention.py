@@ -159,6 +159,9 @@ def conv_section(table: Table, dev, deadline: float) -> None:
 def window_section(table: Table, dev, deadline: float) -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    # every case is a new shape and mask (dynamic=False): more recompiles than dynamo's default
+    # limit of 8, past which it would fall back to eager FlexAttention, which materializes the scores
+    torch._dynamo.config.recompile_limit = 64
     flex = torch.compile(flex_attention, dynamic=False)
     # GPT-OSS-120B attention: 64 q heads, 8 KV heads, head dim 64, alternating 128-token windows
     # (the longest sequence first: it is what a sliding layer saves; a 1K window last, if time allows)
