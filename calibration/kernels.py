@@ -14,6 +14,10 @@ model runs):
   memory-bound:       T = bytes / (fraction * B_hbm) + kernels * t_launch
   Gated DeltaNet:     T_fwd = max(F / (peak_fraction * P), floor) + t_launch, T_bwd = ratio * T_fwd
                       (F: the FLOPs architecture.linear_attention_block counts; fla's chunked kernels)
+  short convolution:  T_fwd = bytes / (fraction * B_hbm) + t_launch, T_bwd = ratio * T_fwd
+  FlexAttention:      the fused-attention curve with its own peak_fraction (impl 'flex'); a sliding
+                      window of w keys caps the curve's length at min(L, w), tested on the windowed
+                      calls, which the fit never sees
 
 The output tile (wave quantization) is chosen among the tiles cuBLAS runs on the chip by the
 same criterion. GEMMs are fitted on the random (M, N, K) grid and *tested* on the layers of real
@@ -21,7 +25,14 @@ models (forward, data-gradient and weight-gradient GEMMs of Llama 3 and MPT unde
 the fit never saw: that error is the one to quote. The result is a small YAML file per chip,
 `costmodel/presets/kernels/<chip>.yaml`, that the hardware presets start from.
 
-Run: python -m calibration.kernels calibration/kernels/h100-sxm --hardware h100-sxm [--write]
+Several folders may be given, each with its preset: the first is the chip's reference device
+(every term it has tables for is fitted on it); a table the first lacks is taken from the next
+folder that has one (the H200's short-convolution and FlexAttention tables); and every other
+folder's tables are scored with the reference fit, unchanged (`transfer`): how far the terms of
+one device of a chip carry to another.
+
+Run: python -m calibration.kernels calibration/kernels/h100-sxm [calibration/kernels/h200]
+         --hardware h100-sxm [h200] [--write]
 """
 
 from __future__ import annotations
@@ -327,6 +338,88 @@ def fit_memory(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> dict:
     return {"fraction": float(sol.x[0]), "fit": FitQuality.of(sol.fun)}
 
 
+# --------------------------------------------------------------------------------------------
+# Short convolution and FlexAttention sliding windows (the hybrid-attention tables)
+# --------------------------------------------------------------------------------------------
+def short_conv_predict(hw: HardwareSpec, nbytes, fraction, call_us, overhead_us) -> np.ndarray:
+    spec = _with(hw, mode="modified_roofline", short_conv_fraction=float(fraction), short_conv_call_us=float(call_us),
+                 kernel_overhead_us=float(overhead_us))
+    return ComputeModel(spec, "bf16", 2).memory_time(np.asarray(nbytes, float), kind="short_conv")
+
+
+def fit_short_conv(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> dict | None:
+    """fla's causal short convolution (width 4, SiLU) as a memory-bound kernel of its own: the
+    HBM fraction of its forward (the bytes it must move: read x, write y) and a per-call cost
+    beyond them (fla dispatches its kernels from Python: at 8K tokens x 8,192 channels the call
+    takes 3 times its bytes' time), by least squares on log time over every call, and its
+    backward/forward ratio (the median). The residual of the TP-thin calls (1,024 channels),
+    whose time follows the tokens more than the bytes, is reported apart."""
+    if not rows:
+        return None
+    col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
+    nbytes, fwd = col(rows, "fwd_bytes"), col(rows, "fwd_ms") * 1e-3
+    sol = least_squares(lambda x: np.log(short_conv_predict(hw, nbytes, x[0], x[1], overhead_us) / fwd), x0=[0.5, 50.0], bounds=([0.02, 0.0], [1.0, 2000.0]))
+    ratio = float(np.exp(np.median(np.log(col(rows, "bwd_ms") / col(rows, "fwd_ms")))))
+    thin = np.array([int(r["channels"]) < 4096 for r in rows])
+    backward = np.log(ratio * short_conv_predict(hw, nbytes, *sol.x, overhead_us) / (col(rows, "bwd_ms") * 1e-3))
+    return {
+        "fraction": float(sol.x[0]),
+        "call_us": float(sol.x[1]),
+        "backward_ratio": ratio,
+        "fit": FitQuality.of(sol.fun),
+        "fit_thin_calls": FitQuality.of(sol.fun[thin]) if thin.any() else None,
+        "backward_fit": FitQuality.of(backward),
+    }
+
+
+def window_predict(hw: HardwareSpec, flops, seq, keys, peak_fraction, seq_half, overhead_us) -> np.ndarray:
+    spec = _with(hw, mode="modified_roofline", attention={"peak_fraction": float(peak_fraction), "bandwidth_fraction": 0.8},
+                 attention_seq_half=float(seq_half), kernel_overhead_us=float(overhead_us))
+    comp = ComputeModel(spec, "bf16", 2)
+    return np.array([comp.attention_time(np.array([f]), float(s), keys=k)[0] for f, s, k in zip(flops, seq, keys)])
+
+
+#: how a sliding window could set the attention curve's length: the model's rule first
+WINDOW_RULES = {
+    "min(L, w)": lambda seq, w: np.minimum(seq, w),
+    "L (no window term)": lambda seq, w: seq,
+    "min(L, 2w)": lambda seq, w: np.minimum(seq, 2 * w),
+}
+
+
+def fit_window(hw: HardwareSpec, rows: list[dict], seq_half: float, overhead_us: float) -> dict | None:
+    """FlexAttention (bench/device/measure_linear_attention.py's window table): its peak fraction
+    from the full causal calls with at least 16 heads, at the profile's seq_half (one per
+    profile); then the *held-out* sliding-window calls (at least 16 heads) predicted under each
+    way a window could set the curve's length (WINDOW_RULES; the model's is min(L, w)). Its
+    backward/forward ratio is reported, not fitted (the profile has one for every
+    implementation). Reported apart: calls of 8 heads or fewer (TP-thin), as for SDPA."""
+    if not rows:
+        return None
+    col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
+    wide = [r for r in rows if int(r["heads"]) >= 16]
+    full = [r for r in wide if int(r["window"]) == 0]
+    windowed = [r for r in wide if int(r["window"]) > 0]
+    few = [r for r in rows if int(r["heads"]) < 16]
+    sol = least_squares(lambda x: np.log(window_predict(hw, col(full, "fwd_flops"), col(full, "seq"), [None] * len(full), x[0], seq_half, overhead_us)
+                                         / (col(full, "fwd_ms") * 1e-3)), x0=[0.4], bounds=([0.02], [1.0]))
+    frac = float(sol.x[0])
+
+    def err(rs_, rule):
+        keys = [None if int(r["window"]) == 0 else float(WINDOW_RULES[rule](float(r["seq"]), float(r["window"]))) for r in rs_]
+        return FitQuality.of(np.log(window_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), keys, frac, seq_half, overhead_us)
+                                    / (col(rs_, "fwd_ms") * 1e-3)))
+
+    return {
+        "peak_fraction": frac,
+        "seq_half": seq_half,
+        "fit": FitQuality.of(sol.fun),
+        "held_out_windows": {rule: err(windowed, rule) for rule in WINDOW_RULES},
+        "backward_ratio_median": float(np.exp(np.median(np.log(col(wide, "bwd_ms") / col(wide, "fwd_ms"))))),
+        "few_heads_not_modelled": err(few, "min(L, w)") if few else None,
+    }
+
+
 def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
     gemm_rows = read_runs(folder, "gemm")
     bf16 = fit_gemm(hw, gemm_rows, "bf16")
@@ -335,6 +428,7 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
     meta = json.loads(next(iter(sorted(folder.glob("run*/meta.json")))).read_text())
     # the hybrid-attention kernels (bench/device/measure_linear_attention.py) are a folder of their own
     linear_rows = read_runs(folder, "gdn", runs="linear_attention")
+    attention = fit_attention(hw, read_runs(folder, "attention"), overhead)
     return {
         "folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder),
         "device": meta["device"],
@@ -343,11 +437,85 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
         "gemm_bf16": bf16,
         "gemm_fp8": fp8,
         "grouped_gemm": fit_grouped(hw, read_runs(folder, "grouped_gemm"), bf16),
-        "attention": fit_attention(hw, read_runs(folder, "attention"), overhead),
+        "attention": attention,
         "memory": fit_memory(hw, read_runs(folder, "memory"), overhead),
         "linear_attention": fit_linear_attention(hw, linear_rows, overhead),
+        "attention_seq_half": profile_seq_half(attention),
+        **fit_hybrid(folder, hw, profile_seq_half(attention), overhead),
         "repeat_spread_gemm": run_to_run(folder, "gemm", "time_ms"),
     }
+
+
+def fit_hybrid(folder: Path, hw: HardwareSpec, seq_half: float, overhead_us: float) -> dict:
+    """The short-convolution and FlexAttention terms from a folder's linear_attention/ tables,
+    at a profile's seq_half and launch floor (the reference device's, where they come from
+    another device of the chip)."""
+    return {
+        "short_conv": fit_short_conv(hw, read_runs(folder, "conv", runs="linear_attention"), overhead_us),
+        "flex_attention": fit_window(hw, read_runs(folder, "window", runs="linear_attention"), seq_half, overhead_us),
+    }
+
+
+def profile_seq_half(attention: dict) -> float:
+    """One seq_half per profile: the geometric mean of the implementations' the model names."""
+    halves = [b["seq_half"] for b in attention["backends"].values() if b["impl"]]
+    return round(float(np.exp(np.mean(np.log(np.maximum(halves, 1.0))))), 1)
+
+
+def transfer(ref: dict, folder: Path, hw: HardwareSpec) -> dict:
+    """Another device's tables scored with the reference fit's terms, unchanged (its own datasheet
+    peaks and HBM bandwidth): GEMMs (every row), grouped GEMMs, causal attention at head dim 128
+    with at least 16 heads per backend the model names, memory-bound kernels, Gated DeltaNet."""
+    col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
+    out: dict = {"folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder), "hardware": hw.name}
+    gemm_rows = read_runs(folder, "gemm")
+    for dtype in ("bf16", "fp8"):
+        g, rows = ref[f"gemm_{dtype}"], [r for r in gemm_rows if r["dtype"] == dtype]
+        if not g or not rows:
+            continue
+        m, n, k, t = _gemm_columns(rows)
+        pred = gemm_predict(hw, dtype, m, n, k, g["peak_fraction"], g["bandwidth_fraction"], g["k_half"], tuple(g["tile"]) if g["tile"] else None, g["overhead_us"])
+        out[f"gemm_{dtype}"] = FitQuality.of(np.log(pred / t))
+        # the rows the roofline puts under the bandwidth ceiling: the HBM-bound share of the GEMMs
+        intensity = 2.0 * m * n * k / ((m * k + k * n + m * n) * (1 if dtype == "fp8" else 2))
+        bound = intensity * hw.memory_bandwidth_gb_per_s * 1e9 * g["bandwidth_fraction"] < hw.peak(dtype) * 1e12 * g["peak_fraction"]
+        out[f"gemm_{dtype}_bandwidth_bound"] = FitQuality.of(np.log(pred / t)[bound]) if bound.any() else None
+    overhead = ref["gemm_bf16"]["overhead_us"]
+    for backend, b in ref["attention"]["backends"].items():
+        rows = [r for r in read_runs(folder, "attention") if r["backend"] == backend and int(r["heads"]) >= 16 and int(r["causal"]) and int(r["head_dim"]) == FIT_HEAD_DIM]
+        if b["impl"] and rows:
+            out[f"attention_{backend}"] = FitQuality.of(np.log(attention_predict(hw, col(rows, "fwd_flops"), col(rows, "seq"), b["peak_fraction"], b["seq_half"], overhead)
+                                                                / (col(rows, "fwd_ms") * 1e-3)))
+    rows = read_runs(folder, "memory")
+    if rows:
+        kernels = np.array([KERNELS_PER_OP[r["kernel"]] for r in rows], float)
+        spec = _with(hw, mode="modified_roofline", memory_bound_fraction=ref["memory"]["fraction"], kernel_overhead_us=overhead)
+        out["memory"] = FitQuality.of(np.log(ComputeModel(spec, "bf16", 2).memory_time(col(rows, "bytes"), kernels) / (col(rows, "time_ms") * 1e-3)))
+    la, rows = ref.get("linear_attention"), read_runs(folder, "gdn", runs="linear_attention")
+    if la and rows:
+        out["gated_deltanet"] = FitQuality.of(np.log(linear_attention_predict(hw, col(rows, "fwd_flops"), la["peak_fraction"], la["floor_us"], overhead)
+                                                     / (col(rows, "fwd_ms") * 1e-3)))
+    return out
+
+
+def fit_devices(folders: list[Path], hws: list[HardwareSpec]) -> dict:
+    """The reference device's fit (the first folder), with the hybrid-attention terms it has no
+    tables for taken from the next folder that has them (at the reference's seq_half and launch
+    floor), and every other folder's tables scored with the result (`transfer`)."""
+    fit = fit_chip(folders[0], hws[0])
+    rel = lambda f: str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)  # noqa: E731
+    borrowed = []
+    for folder, hw in zip(folders[1:], hws[1:]):
+        other = fit_hybrid(folder, hw, fit["attention_seq_half"], fit["gemm_bf16"]["overhead_us"])
+        for key, value in other.items():
+            if fit[key] is None and value is not None:
+                fit[key] = {**value, "from": rel(folder)}
+                meta = folder / "linear_attention" / "meta.json"
+                borrowed.append(f"{key} from {rel(folder)} ({json.loads(meta.read_text())['device']}, {json.loads(meta.read_text())['taken_utc']})")
+    fit["transfer"] = [transfer(fit, folder, hw) for folder, hw in zip(folders[1:], hws[1:])]
+    fit["folders"] = [rel(f) for f in folders]
+    fit["borrowed_text"] = "".join(f"; {b}" for b in borrowed)
+    return fit
 
 
 def profile_fields(fit: dict) -> dict:
@@ -371,13 +539,16 @@ def profile_fields(fit: dict) -> dict:
         fields["linear_attention_backward_ratio"] = round(la["backward_ratio"], 3)
     if fp8:
         fields["fp8_gemm"] = {"peak_fraction": round(fp8["peak_fraction"], 4), "bandwidth_fraction": round(fp8["bandwidth_fraction"], 4)}
-    halves = []
     for b in att["backends"].values():
         if b["impl"]:
             fields["attention_impls"][b["impl"]] = {"peak_fraction": round(b["peak_fraction"], 4), "bandwidth_fraction": 0.8}
-            halves.append(b["seq_half"])
-    # one seq_half per profile: the implementations' geometric mean
-    fields["attention_seq_half"] = round(float(np.exp(np.mean(np.log(np.maximum(halves, 1.0))))), 1)
+    if fit.get("flex_attention"):
+        fields["attention_impls"]["flex"] = {"peak_fraction": round(fit["flex_attention"]["peak_fraction"], 4), "bandwidth_fraction": 0.8}
+    fields["attention_seq_half"] = profile_seq_half(att)
+    if fit.get("short_conv"):
+        fields["short_conv_fraction"] = round(fit["short_conv"]["fraction"], 4)
+        fields["short_conv_call_us"] = round(fit["short_conv"]["call_us"], 1)
+        fields["short_conv_backward_ratio"] = round(fit["short_conv"]["backward_ratio"], 3)
     return fields
 
 
@@ -423,21 +594,47 @@ def report(fit: dict) -> str:
                      f"bwd/fwd {la['backward_ratio']:.2f}; forward fit {la['fit'].text()}, backward of the large calls {la['backward_fit'].text()}")
         if la["small_calls_backward_not_modelled"]:
             lines.append(f"    not modelled, the backward of calls under 16K tokens x 32 value heads: {la['small_calls_backward_not_modelled'].text()}")
+    conv = fit.get("short_conv")
+    if conv:
+        lines.append(f"  short convolution (fla causal_conv1d, width 4): HBM fraction {conv['fraction']:.3f}, per call {conv['call_us']:.0f} us, "
+                     f"bwd/fwd {conv['backward_ratio']:.2f}; forward fit {conv['fit'].text()}, backward {conv['backward_fit'].text()}")
+        if conv["fit_thin_calls"]:
+            lines.append(f"    of which the 1,024-channel calls (TP 8): {conv['fit_thin_calls'].text()}")
+    flex = fit.get("flex_attention")
+    if flex:
+        lines.append(f"  FlexAttention (impl flex, head dim 64): peak_fraction {flex['peak_fraction']:.3f} at seq_half {flex['seq_half']:.0f}, "
+                     f"bwd/fwd {flex['backward_ratio_median']:.2f}; full causal fit {flex['fit'].text()}")
+        lines.append("    held-out sliding windows, by the curve length a window sets: "
+                     + ", ".join(f"{rule} {q.text()}" for rule, q in flex["held_out_windows"].items()))
+        if flex["few_heads_not_modelled"]:
+            lines.append(f"    not modelled, 8 heads or fewer per call: {flex['few_heads_not_modelled'].text()}")
+    for t in fit.get("transfer", []):
+        lines.append(f"  {t['folder']} ({t['hardware']}) scored with these terms, unchanged:")
+        lines += [f"    {key}: {q.text()}" for key, q in t.items() if isinstance(q, FitQuality)]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m calibration.kernels", description=__doc__.splitlines()[0])
-    p.add_argument("folder", type=Path, help="a folder of run*/ tables from bench/device/measure_kernels.py")
-    p.add_argument("--hardware", required=True, help="the preset whose datasheet peaks the tables are scored against")
+    p.add_argument("folders", type=Path, nargs="+", help="folders of run*/ tables from bench/device/measure_kernels.py, "
+                   "the chip's reference device first (module docstring)")
+    p.add_argument("--hardware", required=True, nargs="+", help="the preset of each folder, whose datasheet peaks its tables are scored against")
     p.add_argument("--write", action="store_true", help=f"write {KERNEL_PRESETS.relative_to(ROOT)}/<chip>.yaml")
     args = p.parse_args(argv)
-    if args.hardware not in HARDWARE:
-        print(f"--hardware: unknown preset {args.hardware!r}", file=sys.stderr)
+    for name in args.hardware:
+        if name not in HARDWARE:
+            print(f"--hardware: unknown preset {name!r}", file=sys.stderr)
+            return 2
+    if len(args.hardware) != len(args.folders):
+        print(f"--hardware: {len(args.hardware)} presets for {len(args.folders)} folders", file=sys.stderr)
         return 2
-    hw = HARDWARE[args.hardware]
-    fit = fit_chip(args.folder.resolve(), hw)
+    hws = [HARDWARE[name] for name in args.hardware]
+    if len({chip_of(hw) for hw in hws}) > 1:
+        print(f"--hardware: {', '.join(args.hardware)} are not one chip", file=sys.stderr)
+        return 2
+    fit = fit_devices([f.resolve() for f in args.folders], hws)
     print(report(fit))
+    hw = hws[0]
     if args.write:
         from mofa.atomic import write_atomically  # noqa: PLC0415 -- only the writer needs it
 
@@ -445,9 +642,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "chip": chip,
             "source": f"kernel timings on one {fit['device']} ({fit['software']}), {', '.join(fit['taken_utc'])}, "
-                      f"tables {fit['folder']}, fitted by python -m calibration.kernels {fit['folder']} --hardware {args.hardware}",
+                      f"tables {fit['folder']}{fit['borrowed_text']}, fitted by python -m calibration.kernels "
+                      f"{' '.join(fit['folders'])} --hardware {' '.join(args.hardware)}",
             "efficiency": profile_fields(fit),
-            "fit": _plain({k: v for k, v in fit.items() if k not in ("folder", "device", "software", "taken_utc")}),
+            "fit": _plain({k: v for k, v in fit.items() if k not in ("folder", "folders", "device", "software", "taken_utc", "borrowed_text")}),
         }
         KERNEL_PRESETS.mkdir(parents=True, exist_ok=True)
         write_atomically(str(KERNEL_PRESETS / f"{chip}.yaml"), "# written by python -m calibration.kernels; do not edit by hand\n" + yaml.safe_dump(doc, sort_keys=False))

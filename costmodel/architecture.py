@@ -86,12 +86,16 @@ class Gemm:
 
 @dataclass(frozen=True)
 class MemoryOp:
-    """A memory-bound kernel (norm, activation function, rotary, residual add, permute)."""
+    """A memory-bound kernel (norm, activation function, rotary, residual add, permute).
+    `kind` names its efficiency (ComputeModel.memory_time): 'elementwise', or 'short_conv' for the
+    short causal convolution of linear-attention layers, measured apart (it runs well under the
+    elementwise kernels' bandwidth, and its backward reduces the weight gradient over tokens)."""
 
     name: str
     bytes: np.ndarray
     modules: tuple[str, ...] = ()
     kernels: float = 1.0
+    kind: str = "elementwise"
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,9 @@ class LayerWork:
     params_local: np.ndarray  # parameters this GPU holds for the layer
     expert_params_local: np.ndarray = field(default_factory=lambda: np.zeros(1))
     attention_class: str = "attention"  # the operator class of its attention core (efficiency curve)
+    # keys a query sees at most (a sliding window), which the attention curve's length is capped at
+    # (compute.ComputeModel.attention_time); None: the whole causal prefix
+    attention_keys: float | None = None
     ep_chunks: np.ndarray | float = 1.0  # all-to-alls per dispatch (and per combine): MemFine's FCDA chunks
     ep_buffer_bytes: np.ndarray | float = 0.0  # the combine's receive buffer: this rank's own token copies (one chunk's)
     # weights wider than the compute (fp32 under autocast): the per-micro-batch casts of the GEMM
@@ -484,7 +491,7 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     cp_block = D * T * kv_read * (dqk + dv)  # this rank's K and V, sent around the CP ring
     cp_a2a = D * T * (a_t * (dqk + dv) + kv_read * (dqk + dv))  # Ulysses: q, k, v in and the output back
     return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a,
-                attention_class="attention")
+                attention_class="attention", attention_keys=m.sliding_window if attention == "sliding_attention" else None)
 
 
 def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
@@ -508,7 +515,7 @@ def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) ->
     conv = 2 * qk_t + v_t
     ops = [
         norm_op("input_norm", tr, D, Tsp * h),
-        MemoryOp("short_conv", 2 * D * T * conv, ("core_attn",)),
+        MemoryOp("short_conv", 2 * D * T * conv, ("core_attn",), kind="short_conv"),
         MemoryOp("gates", 4 * 4 * T * heads_t, ("core_attn",)),
         MemoryOp("gated_norm", 3 * D * T * v_t),
         residual_add("attention_residual", m, D, Tsp * h),
@@ -670,6 +677,7 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: st
         params_local=at["params"] + mlp_params(m, m.ffn_hidden_size) / t,
         expert_params_local=zero,
         attention_class=at.get("attention_class", "attention"),
+        attention_keys=at.get("attention_keys"),
     )
 
 
@@ -771,6 +779,7 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
         params_local=dense_params + expert_params,
         expert_params_local=expert_params,
         attention_class=at.get("attention_class", "attention"),
+        attention_keys=at.get("attention_keys"),
         ep_chunks=chunks,
         ep_buffer_bytes=np.where(sh.e > 1, D * Tsp * x.top_k * h / chunks, 0.0),
     )

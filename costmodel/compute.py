@@ -16,10 +16,12 @@ of a tile's time (prologue and epilogue). Which terms a chip needs is decided by
 kernel timings (calibration/kernels.py, leave-one-model-out on real layers). The backward of a GEMM is
 a data-gradient GEMM (M x K output over N) and a weight-gradient GEMM (K x N output over the M
 tokens): each is timed at its own shape. Fused attention runs at peak_fraction * L/(L + seq_half)
-with L the query tokens of one call, its backward `attention_backward_ratio` times the
+with L the query tokens of one call (at most the keys a sliding window leaves a query), its backward `attention_backward_ratio` times the
 forward (linear attention: its own peak fraction, never under a per-call floor, and its own
-backward ratio); each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton) may have
-its own curve. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
+backward ratio); each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton,
+FlexAttention) may have its own curve. Memory-bound kernels move their bytes at a fraction of HBM
+bandwidth, the short convolution of linear-attention layers at its own, with a per-call cost and
+its own backward ratio. With fp8 compute, GEMMs run at the fp8 peak with their own curve (`fp8_gemm`);
 attention and everything else stay in bf16 (Transformer Engine's and torchao's behaviour).
 MXFP8 is timed the same way, at the peak the GPU lists for it: Blackwell's tensor cores take
 the E8M0 block scales inside the MMA at the dense fp8 rate (NVIDIA Blackwell datasheets list
@@ -108,19 +110,35 @@ class ComputeModel:
         K x N over the M tokens."""
         return self.gemm_time_of(g.m, g.k, g.n, g.kind, g.count), self.gemm_time_of(g.k, g.n, g.m, g.kind, g.count)
 
-    def attention_time(self, flops: np.ndarray, query_tokens: np.ndarray | float = np.inf, kind: str = "attention") -> np.ndarray:
+    def attention_time(self, flops: np.ndarray, query_tokens: np.ndarray | float = np.inf, kind: str = "attention",
+                       keys: float | None = None) -> np.ndarray:
         """Fused attention is compute-bound at training sequence lengths; its efficiency is
         its own curve (MoFa Fig. 10 shows it far below the GEMM roofline), lower for short
-        calls (module docstring)."""
+        calls (module docstring). Under a sliding window of `keys` keys the curve's length is
+        min(query tokens, keys): each block of queries walks only the window's key blocks, so its
+        start-up and epilogue weigh as in a call that long (FlexAttention on an H200, GPT-OSS's
+        heads: a 128-token window at 16K tokens runs at 0.25 of the full causal call's rate, a
+        1,024-token window at 0.73; the curve gives 0.24 and 0.73; calibration/kernels.py)."""
         half = self.eff.attention_seq_half if self.eff.mode == "modified_roofline" and kind == "attention" else 0.0
-        shape = 1.0 if half == 0 else query_tokens / (query_tokens + half)
+        length = query_tokens if keys is None else np.minimum(query_tokens, keys)
+        shape = 1.0 if half == 0 else length / (length + half)
         rate = self._achieved(kind, np.full_like(flops, 1e4), shape)
         if kind == "linear_attention" and self.eff.mode == "modified_roofline":
             # a call never beats its host-side dispatch (EfficiencyProfile.linear_attention_floor_us)
             return np.maximum(flops / rate, self.eff.linear_attention_floor_us * US) + self.overhead
         return flops / rate + self.overhead
 
-    def memory_time(self, nbytes: np.ndarray, kernels: float = 1.0) -> np.ndarray:
-        """Elementwise / memory-bound kernels: bytes moved at a fraction of HBM bandwidth."""
+    def memory_time(self, nbytes: np.ndarray, kernels: float = 1.0, kind: str = "elementwise") -> np.ndarray:
+        """Elementwise / memory-bound kernels: bytes moved at a fraction of HBM bandwidth (the
+        short convolution of linear-attention layers at its own, where measured)."""
         frac = 1.0 if self.eff.mode == "roofline" else self.eff.memory_bound_fraction
+        if kind == "short_conv" and self.eff.mode == "modified_roofline":
+            frac = self.eff.short_conv_fraction or frac
+            return nbytes / (frac * self.hbm) + kernels * self.overhead + self.eff.short_conv_call_us * US
         return nbytes / (frac * self.hbm) + kernels * self.overhead
+
+    def memory_backward_ratio(self, kind: str) -> float:
+        """Backward / forward time of a memory-bound kernel: twice the traffic for elementwise
+        kernels (read the output gradient and the saved input, write the input gradient), the
+        measured ratio for the short convolution."""
+        return self.eff.short_conv_backward_ratio if kind == "short_conv" else 2.0

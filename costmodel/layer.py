@@ -204,15 +204,16 @@ def layer_time(
     dgrad = sum(d for d, _ in gemm_b.values()) if gemm_b else 0.0
     wgrad = sum(w for _, w in gemm_b.values()) if gemm_b else 0.0
     linear = work.attention_class == "linear_attention"
-    attn_f = comp.attention_time(work.attention_work(attention_factor), attention_tokens, work.attention_class)
+    attn_f = comp.attention_time(work.attention_work(attention_factor), attention_tokens, work.attention_class, work.attention_keys)
     attn_b = attn_f * (eff.linear_attention_backward_ratio if linear else 2.0 if unfused_attention else eff.attention_backward_ratio)
-    mem_f = {op.name: comp.memory_time(op.bytes, op.kernels) for op in work.memory_ops}
+    mem_f = {op.name: comp.memory_time(op.bytes, op.kernels, op.kind) for op in work.memory_ops}
     mem_total = sum(mem_f.values())
+    mem_b = sum(comp.memory_backward_ratio(op.kind) * mem_f[op.name] for op in work.memory_ops)
     # MemFine FCDA: each grouped GEMM runs once per chunk (a launch each; their shapes are in the Gemm)
     chunks = work.ep_chunks
     relaunch = (chunks - 1.0) * comp.overhead * sum(1.0 for g in work.gemms if g.kind == "grouped_gemm")
     comp_f = comp_gemm_f + attn_f + mem_total + relaunch
-    comp_b = dgrad + wgrad + 2.0 * mem_total + attn_b + 2.0 * relaunch
+    comp_b = dgrad + wgrad + mem_b + attn_b + 2.0 * relaunch
     # autocast's weight casts (fp32 weights, bf16 compute): one per GEMM weight each way
     casts = float(len(work.gemms)) * (np.asarray(work.cast_f_bytes) > 0)
     comp_f = comp_f + comp.memory_time(work.cast_f_bytes, casts)

@@ -233,11 +233,12 @@ class EfficiencyProfile(Spec):
     grouped_gemm: Curve = Curve(peak_fraction=0.65)
     fp8_gemm: Curve = Field(default=Curve(peak_fraction=0.6), description="GEMMs in fp8 (Transformer Engine, torchao float8): a fraction of the fp8 peak")
     attention: Curve = Curve(peak_fraction=0.55)
-    attention_impls: dict[Literal["te", "sdpa", "triton"], Curve] = Field(
+    attention_impls: dict[Literal["te", "sdpa", "triton", "flex"], Curve] = Field(
         default={},
         description="fused-attention implementations with their own efficiency (training.attention_impl): te = "
         "Transformer Engine's cuDNN/flash kernels (Megatron, NeMo), sdpa = PyTorch scaled_dot_product_attention "
-        "(FlashAttention-2 backend: torchtitan, FSDP scripts), triton = the Triton flash attention of llm-foundry; "
+        "(FlashAttention-2 backend: torchtitan, FSDP scripts), triton = the Triton flash attention of llm-foundry, "
+        "flex = torch.compile'd FlexAttention (torchtitan's sliding-window and document-masked models); "
         "an implementation not listed runs at `attention`",
     )
     linear_attention: Curve = Field(
@@ -294,6 +295,27 @@ class EfficiencyProfile(Spec):
         "launch gaps, pipeline scheduling, P2P synchronisation, per-chunk gradient hooks (MoFa 5.5.1: v is not free)",
     )
     memory_bound_fraction: float = Field(default=0.75, gt=0, le=1, description="HBM fraction for elementwise kernels")
+    short_conv_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="HBM fraction of the short causal convolution of linear-attention layers (flash-linear-attention's "
+        "causal_conv1d, width 4): measured on Hopper (kernels/gh100.yaml, from the H200's tables), well under the "
+        "elementwise kernels'; None = memory_bound_fraction",
+    )
+    short_conv_call_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="what a short-convolution forward call costs beyond its bytes (fla dispatches its Triton kernels "
+        "from Python; measured on Hopper: ~0.16 ms a call, as much as 300 MB of traffic); 0 = none",
+    )
+    short_conv_backward_ratio: float = Field(
+        default=2.0,
+        ge=1,
+        le=8,
+        description="short-convolution backward / forward time (the input gradient and the weight gradient's reduction "
+        "over tokens): measured on Hopper; 2 = an elementwise kernel's (its backward reads and writes twice as much)",
+    )
     kernel_overhead_us: float = Field(default=4.0, ge=0, description="launch + tail per kernel")
     #: measured points per operator class: {class: [[arithmetic_intensity, tflops], ...]}
     profiled: dict[Literal["gemm", "grouped_gemm", "attention", "linear_attention"], list[tuple[Positive, Positive]]] = Field(default={}, strict=False)
@@ -501,7 +523,7 @@ class TrainingSpec(Spec):
     tokens: float | None = Field(default=None, gt=0, description="dataset tokens; steps = ceil(tokens/(GBS*seq))")
     dtypes: DtypeSpec = DtypeSpec()
     attention_kernel: Literal["flash", "unfused"] = "flash"
-    attention_impl: Literal["te", "sdpa", "triton"] | None = Field(
+    attention_impl: Literal["te", "sdpa", "triton", "flex"] | None = Field(
         default=None,
         description="which fused-attention implementation the framework runs (its efficiency: "
         "efficiency.attention_impls); None: the profile's attention curve",

@@ -288,10 +288,14 @@ def _load_calibrated_profiles() -> None:
         if data["hardware"] not in HARDWARE:
             continue
         family = chip_of(HARDWARE[data["hardware"]])
-        efficiency = EfficiencyProfile.model_validate(data["efficiency"])
         for name, spec in list(HARDWARE.items()):
             if chip_of(spec) == family:
-                HARDWARE[name] = spec.model_copy(update={"efficiency": efficiency})
+                # a term the profile does not name (measured after it was written: the kernel
+                # files' short convolution, a new attention implementation) keeps its kernel value
+                kernel = spec.efficiency.model_dump()
+                merged = {**kernel, **data["efficiency"]}
+                merged["attention_impls"] = {**kernel["attention_impls"], **data["efficiency"].get("attention_impls", {})}
+                HARDWARE[name] = spec.model_copy(update={"efficiency": EfficiencyProfile.model_validate(merged)})
 
 
 _load_calibrated_profiles()

@@ -1,6 +1,8 @@
 """Kernel-level terms fitted to timings measured on an H100 (calibration/kernels/h100-sxm, taken
 with bench/device/measure_kernels.py on one NVIDIA H100 80GB HBM3, torch 2.11 / CUDA 13.0 /
-cuDNN 9.19, two repeated runs; see its README)."""
+cuDNN 9.19, two repeated runs; see its README), with the short-convolution and FlexAttention
+terms from an H200 of the same chip (calibration/kernels/h200, 2026-11-30, two repeated runs of
+the dense tables and one of the hybrid-attention tables; see its README)."""
 
 from pathlib import Path
 
@@ -14,11 +16,12 @@ from costmodel.presets.hardware import DEFAULT_EFFICIENCY, HARDWARE
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ROOT / "calibration" / "kernels" / "h100-sxm"
+H200_TABLES = ROOT / "calibration" / "kernels" / "h200"
 
 
 @pytest.fixture(scope="module")
 def fit():
-    return kernels.fit_chip(TABLES, HARDWARE["h100-sxm"])
+    return kernels.fit_devices([TABLES, H200_TABLES], [HARDWARE["h100-sxm"], HARDWARE["h200"]])
 
 
 def test_committed_kernel_preset_is_what_the_tables_give(fit):
@@ -100,3 +103,43 @@ def test_gated_deltanet_runs_far_below_the_gemm_rate(fit):
     assert 2.6 < la["backward_ratio"] < 3.6 and la["backward_fit"].median_abs_pct < 3.0
     eff = DEFAULT_EFFICIENCY["h200"]  # every Hopper preset starts from it
     assert eff.linear_attention.peak_fraction == pytest.approx(la["peak_fraction"], abs=1e-4)
+
+
+def test_h100_terms_carry_to_the_h200(fit):
+    """The H200 is the H100's die with HBM3e (4.8 TB/s against 3.35): its 2,080 GEMMs, scored with
+    the terms fitted on the H100 (at the H200's own datasheet bandwidth), are within 6% median
+    (measured 5.0%; the H200's own fit gives 4.8% in sample), the fused attention within 4%
+    (2.0% flash, 2.2% cuDNN). So one profile per chip holds for the GEMMs and attention."""
+    (h200,) = fit["transfer"]
+    assert h200["gemm_bf16"].n == 1040 and h200["gemm_bf16"].median_abs_pct < 6.0
+    assert h200["attention_flash"].median_abs_pct < 4.0 and h200["attention_cudnn"].median_abs_pct < 4.0
+
+
+def test_a_sliding_window_caps_the_attention_curve_length(fit):
+    """FlexAttention on GPT-OSS-120B's heads (64 q / 8 KV heads of 64) on an H200: its peak fraction
+    fitted on the full causal calls alone; the sliding-window calls (128 keys at 4K and 16K tokens,
+    1,024 keys at 16K), which the fit never saw, are predicted within 15% median with the curve's
+    length capped at the window (measured 10.1%, n=3), where the sequence length as the curve's
+    length misses by 72% and twice the window by 31%."""
+    held = fit["flex_attention"]["held_out_windows"]
+    assert held["min(L, w)"].n == 3
+    assert held["min(L, w)"].median_abs_pct < 15.0
+    assert held["min(L, w)"].median_abs_pct < 0.5 * min(held["L (no window term)"].median_abs_pct, held["min(L, 2w)"].median_abs_pct)
+
+
+def test_short_convolution_is_slower_than_an_elementwise_kernel(fit):
+    """fla's causal short convolution on an H200 (Qwen3.5's q, k, v channels, 8K-32K tokens):
+    a per-call cost of ~0.13 ms beyond its bytes and a backward 4.4x the forward, where an
+    elementwise kernel's backward is 2x; the forward within 25% median over the four calls
+    (measured 21.3%: the TP-thin calls 32%), the backward within 10% (7.2%)."""
+    conv = fit["short_conv"]
+    assert conv["fit"].n == 4 and conv["fit"].median_abs_pct < 25.0 and conv["backward_fit"].median_abs_pct < 10.0
+    assert 50.0 < conv["call_us"] < 300.0 and 3.0 < conv["backward_ratio"] < 6.0
+    for name in ("h100-sxm", "h200"):  # the calibrated profile (written before) keeps the measured terms
+        eff = HARDWARE[name].efficiency
+        assert eff.short_conv_fraction == pytest.approx(conv["fraction"], abs=1e-4)
+        assert eff.short_conv_backward_ratio == pytest.approx(conv["backward_ratio"], abs=1e-3)
+        assert eff.attention_impls["flex"].peak_fraction == pytest.approx(fit["flex_attention"]["peak_fraction"], abs=1e-4)
+    comp = ComputeModel(HARDWARE["h200"], "bf16", 2)
+    nbytes = np.array([2.0 * 2 * 8192 * 8192])  # 8K tokens x 8,192 channels, read and written
+    assert comp.memory_time(nbytes, kind="short_conv")[0] > 2.5 * comp.memory_time(nbytes)[0]

@@ -197,3 +197,43 @@ def test_per_op_checkpointing_is_refused_where_it_is_not_modelled():
     assert violations(hybrid, ConfigBatch.from_columns(64, ep=8, first_layers=40, last_layers=40, **ops))["recompute_ops"][0]
     with pytest.raises(ValueError, match="takes no other module"):
         ConfigSpec(recompute="selective", recompute_modules=["ops", "core_attn"])
+
+
+def test_sliding_window_layers_run_the_short_attention_curve():
+    """A GPT-OSS sliding-window layer's attention kernel walks 128 keys a query, so it runs at the
+    fused-attention curve's rate for a 128-token call, not for the 8K-token sequence (measured with
+    FlexAttention on an H200: tests/unit/test_kernel_fit.py); its full-attention layers keep the
+    sequence's rate."""
+    from costmodel.compute import ComputeModel
+    from costmodel.presets.hardware import HARDWARE
+    from costmodel.specs import TrainingSpec
+
+    m = model_from_hf_config(CONFIGS / "gpt_oss_120b.json")
+    s = 8192
+    tr = TrainingSpec(global_batch_size=8, seq_len=s, attention_impl="flex")
+    f = lambda x: np.array([float(x)])  # noqa: E731
+    sh = arch.Shard(t=f(1), c=f(1), e=f(8), etp=f(1), b=f(1), seq=s)
+    sliding, full = (arch.layer_work(m, tr, sh, 2, (kind, "moe")) for kind in ("sliding_attention", "full_attention"))
+    assert sliding.attention_keys == 128 and full.attention_keys is None
+    comp = ComputeModel(HARDWARE["h200"], "bf16", 2, "flex")
+    half = HARDWARE["h200"].efficiency.attention_seq_half
+
+    def rate(work):
+        flops = work.attention_work(1.0)
+        return float(flops[0] / (comp.attention_time(flops, float(s), work.attention_class, work.attention_keys)[0] - comp.overhead))
+
+    assert rate(sliding) / rate(full) == pytest.approx((128 / (128 + half)) / (s / (s + half)), rel=1e-9)
+
+
+def test_short_convolution_backward_runs_at_its_measured_ratio():
+    """The short convolution of Gated DeltaNet layers: its backward is priced at the measured
+    4.4x its forward (fla's weight gradient reduces over the tokens), not an elementwise
+    kernel's 2x; a Qwen3.5 of linear-attention layers alone steps slower for it."""
+    hybrid = qwen35()
+    linear = hybrid.model_copy(update={"layer_types": ["linear_attention"] * hybrid.num_layers, "mtp_layers": 0})
+    cfg = ConfigBatch.from_columns(64, tp=2, cp=1, ep=8, etp=1, first_layers=40, last_layers=40)
+    problem = problem_for(linear, seq_len=8192)
+    assert problem.hardware.efficiency.short_conv_backward_ratio > 4.0
+    eff = problem.hardware.efficiency.model_copy(update={"short_conv_backward_ratio": 2.0})
+    elementwise = problem.model_copy(update={"hardware": problem.hardware.model_copy(update={"efficiency": eff})})
+    assert float(evaluate(problem, cfg).step_time_s[0]) > float(evaluate(elementwise, cfg).step_time_s[0])
