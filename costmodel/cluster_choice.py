@@ -60,8 +60,10 @@ def cluster_problems(problem: Problem) -> list[tuple[ClusterChoice, Problem]]:
             raise ClusterChoiceError(f"search.hardware[{i}]" if s.hardware else "hardware", str(exc).splitlines()[0]) from None
     needs_price = s.cluster_objective == "cost" or s.budget_cost is not None
     if needs_price and s.price_per_gpu_hour is None:
-        why = "objective cost" if s.cluster_objective == "cost" else "budget_cost"
-        raise ClusterChoiceError("search.price_per_gpu_hour", f"{why} needs a price per GPU-hour")
+        if s.cluster_objective == "cost":
+            raise ClusterChoiceError("search.price_per_gpu_hour", "objective cost needs a price per GPU-hour")
+        # the budget is what the user wrote; the price is what it lacks
+        raise ClusterChoiceError("search.budget_cost", "a budget in cost needs a price per GPU-hour (search.price_per_gpu_hour)")
     if isinstance(s.price_per_gpu_hour, dict):
         missing = [n for n in names if n not in s.price_per_gpu_hour]
         if missing:

@@ -130,6 +130,7 @@ def test_gpu_range_and_cli_pareto_json(tmp_path, capsys):
     ({"num_gpus": []}, "search.num_gpus", "empty"),
     ({"price_per_gpu_hour": {"h100-sxm": 3.0}}, "search.price_per_gpu_hour", "a100-80gb"),
     ({"price_per_gpu_hour": None}, "search.price_per_gpu_hour", "cost"),
+    ({"price_per_gpu_hour": None, "cluster_objective": "time_to_train", "budget_cost": 1e6}, "search.budget_cost", "search.price_per_gpu_hour"),
     ({"price_per_gpu_hour": -1}, "search.price_per_gpu_hour", "positive number"),
     ({"price_per_gpu_hour": {"h100-sxm": 3.0, "a100-80gb": "cheap"}}, "search.price_per_gpu_hour", "'a100-80gb'"),
     ({"num_gpus": "many"}, "search.num_gpus", "a list of GPU counts or a range"),
