@@ -14,7 +14,7 @@ model runs):
   memory-bound:       T = bytes / (fraction * B_hbm) + kernels * t_launch
   Gated DeltaNet:     T_fwd = max(F / (peak_fraction * P), floor) + t_launch, T_bwd = ratio * T_fwd
                       (F: the FLOPs architecture.linear_attention_block counts; fla's chunked kernels)
-  short convolution:  T_fwd = bytes / (fraction * B_hbm) + t_launch, T_bwd = ratio * T_fwd
+  short convolution:  T_fwd = bytes / (fraction * B_hbm) + t_call + t_launch, T_bwd = ratio * T_fwd
   FlexAttention:      the fused-attention curve with its own peak_fraction (impl 'flex'); a sliding
                       window of w keys caps the curve's length at min(L, w), tested on the windowed
                       calls, which the fit never sees
@@ -351,7 +351,7 @@ def fit_short_conv(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> di
     """fla's causal short convolution (width 4, SiLU) as a memory-bound kernel of its own: the
     HBM fraction of its forward (the bytes it must move: read x, write y) and a per-call cost
     beyond them (fla dispatches its kernels from Python: at 8K tokens x 8,192 channels the call
-    takes 3 times its bytes' time), by least squares on log time over every call, and its
+    takes 2.5 times its bytes' time at the fitted fraction), by least squares on log time over every call, and its
     backward/forward ratio (the median). The residual of the TP-thin calls (1,024 channels),
     whose time follows the tokens more than the bytes, is reported apart."""
     if not rows:
@@ -410,11 +410,16 @@ def fit_window(hw: HardwareSpec, rows: list[dict], seq_half: float, overhead_us:
         return FitQuality.of(np.log(window_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), keys, frac, seq_half, overhead_us)
                                     / (col(rs_, "fwd_ms") * 1e-3)))
 
+    keys = [float(min(float(r["seq"]), float(r["window"]))) for r in windowed]
+    predicted = window_predict(hw, col(windowed, "fwd_flops"), col(windowed, "seq"), keys, frac, seq_half, overhead_us)
     return {
         "peak_fraction": frac,
         "seq_half": seq_half,
         "fit": FitQuality.of(sol.fun),
         "held_out_windows": {rule: err(windowed, rule) for rule in WINDOW_RULES},
+        # (heads, seq, window, predicted / measured) of each held-out call under the model's rule
+        "held_out_rows": [(int(r["heads"]), int(r["seq"]), int(r["window"]), float(p / (float(r["fwd_ms"]) * 1e-3)))
+                          for r, p in zip(windowed, predicted)],
         "backward_ratio_median": float(np.exp(np.median(np.log(col(wide, "bwd_ms") / col(wide, "fwd_ms"))))),
         "few_heads_not_modelled": err(few, "min(L, w)") if few else None,
     }
@@ -606,6 +611,8 @@ def report(fit: dict) -> str:
                      f"bwd/fwd {flex['backward_ratio_median']:.2f}; full causal fit {flex['fit'].text()}")
         lines.append("    held-out sliding windows, by the curve length a window sets: "
                      + ", ".join(f"{rule} {q.text()}" for rule, q in flex["held_out_windows"].items()))
+        lines.append("    each under min(L, w), predicted / measured: "
+                     + ", ".join(f"{h} heads x {s} tokens, window {w}: {x:.2f}" for h, s, w, x in flex["held_out_rows"]))
         if flex["few_heads_not_modelled"]:
             lines.append(f"    not modelled, 8 heads or fewer per call: {flex['few_heads_not_modelled'].text()}")
     for t in fit.get("transfer", []):

@@ -20,7 +20,7 @@ def profile_document(cal, command: str) -> dict:
         "hardware": cal.hardware.name,
         "command": command,
         "knobs": {k: round(v, 6) for k, v in cal.knobs.items()},
-        "efficiency": cal.hardware.efficiency.model_dump(mode="json"),
+        "efficiency": _fitted_only(cal.hardware.efficiency.model_dump(mode="json"), cal.knobs),
         "cross_validation": cross_validation_summary(cal.results, stats.log_residual_sd) if stats.cross_validation else None,
         "residuals": [
             {
@@ -38,6 +38,14 @@ def profile_document(cal, command: str) -> dict:
             for r in cal.results
         ],
     }
+
+
+def _fitted_only(efficiency: dict, knobs: dict) -> dict:
+    """The profile keeps the attention implementations its knobs fitted; one it did not fit is
+    carried from the kernel terms when the presets load it (presets.hardware.
+    calibrated_attention_impls), not frozen at its starting value."""
+    impls = efficiency["attention_impls"]
+    return {**efficiency, "attention_impls": {k: v for k, v in impls.items() if f"attention_{k}" in knobs}}
 
 
 def read_profile(path: str | Path) -> tuple[str, EfficiencyProfile]:

@@ -199,6 +199,12 @@ class LayerWork:
         linear in the tokens whatever the documents."""
         if self.attention_class == "linear_attention":
             return self.attention_flops_hw
+        if self.attention_keys is not None:
+            # a sliding window's rows are already short: documents longer than the window barely
+            # shorten them (a document of d tokens takes w(w - 1)/2 of its d*w scores), so the full
+            # causal mask's document factor does not apply; documents shorter than the window
+            # would shorten them, which is left out (the windowed work is an upper bound there)
+            return self.attention_flops_hw
         return self.attention_flops_hw * attention_factor
 
     @property
@@ -491,7 +497,8 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     cp_block = D * T * kv_read * (dqk + dv)  # this rank's K and V, sent around the CP ring
     cp_a2a = D * T * (a_t * (dqk + dv) + kv_read * (dqk + dv))  # Ulysses: q, k, v in and the output back
     return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a,
-                attention_class="attention", attention_keys=m.sliding_window if attention == "sliding_attention" else None)
+                # a fused kernel walks only the window's key blocks; an unfused one computes every score
+                attention_class="attention", attention_keys=m.sliding_window if attention == "sliding_attention" and flash else None)
 
 
 def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:

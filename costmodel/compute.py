@@ -118,7 +118,8 @@ class ComputeModel:
         min(query tokens, keys): each block of queries walks only the window's key blocks, so its
         start-up and epilogue weigh as in a call that long (FlexAttention on an H200, GPT-OSS's
         heads: a 128-token window at 16K tokens runs at 0.25 of the full causal call's rate, a
-        1,024-token window at 0.73; the curve gives 0.24 and 0.73; calibration/kernels.py)."""
+        1,024-token window at 0.73; the curve gives 0.24 and 0.73; a short call's fixed cost, as
+        the 128-token window at 4K tokens pays, is not in it; calibration/kernels.py)."""
         half = self.eff.attention_seq_half if self.eff.mode == "modified_roofline" and kind == "attention" else 0.0
         length = query_tokens if keys is None else np.minimum(query_tokens, keys)
         shape = 1.0 if half == 0 else length / (length + half)
@@ -141,4 +142,5 @@ class ComputeModel:
         """Backward / forward time of a memory-bound kernel: twice the traffic for elementwise
         kernels (read the output gradient and the saved input, write the input gradient), the
         measured ratio for the short convolution."""
-        return self.eff.short_conv_backward_ratio if kind == "short_conv" else 2.0
+        measured = kind == "short_conv" and self.eff.mode == "modified_roofline"
+        return self.eff.short_conv_backward_ratio if measured else 2.0

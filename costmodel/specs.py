@@ -307,7 +307,8 @@ class EfficiencyProfile(Spec):
         default=0.0,
         ge=0,
         description="what a short-convolution forward call costs beyond its bytes (fla dispatches its Triton kernels "
-        "from Python; measured on Hopper: ~0.16 ms a call, as much as 300 MB of traffic); 0 = none",
+        "from Python; measured on Hopper: ~0.13 ms a call, what ~380 MB of traffic takes at the fitted fraction on an "
+        "H200); 0 = none",
     )
     short_conv_backward_ratio: float = Field(
         default=2.0,

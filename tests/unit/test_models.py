@@ -199,36 +199,50 @@ def test_per_op_checkpointing_is_refused_where_it_is_not_modelled():
         ConfigSpec(recompute="selective", recompute_modules=["ops", "core_attn"])
 
 
-def test_sliding_window_layers_run_the_short_attention_curve():
-    """A GPT-OSS sliding-window layer's attention kernel walks 128 keys a query, so it runs at the
-    fused-attention curve's rate for a 128-token call, not for the 8K-token sequence (measured with
-    FlexAttention on an H200: tests/unit/test_kernel_fit.py); its full-attention layers keep the
-    sequence's rate."""
+def test_sliding_window_layers_run_the_short_attention_curve(monkeypatch):
+    """A GPT-OSS sliding-window layer's fused attention kernel walks 128 keys a query, so the step
+    prices it at the fused-attention curve's rate for a 128-token call, not for the 8K-token
+    sequence (measured with FlexAttention on an H200: tests/unit/test_kernel_fit.py); its
+    full-attention layers keep the sequence's. Unfused attention computes every score, window or
+    not: no cap. Recorded at ComputeModel.attention_time as evaluate calls it."""
     from costmodel.compute import ComputeModel
-    from costmodel.presets.hardware import HARDWARE
-    from costmodel.specs import TrainingSpec
 
+    calls = []
+    real = ComputeModel.attention_time
+
+    def recording(self, flops, query_tokens=np.inf, kind="attention", keys=None):
+        calls.append((kind, keys))
+        return real(self, flops, query_tokens, kind, keys)
+
+    monkeypatch.setattr(ComputeModel, "attention_time", recording)
     m = model_from_hf_config(CONFIGS / "gpt_oss_120b.json")
-    s = 8192
-    tr = TrainingSpec(global_batch_size=8, seq_len=s, attention_impl="flex")
+    cfg = ConfigBatch.from_columns(64, tp=1, cp=1, ep=8, etp=1, first_layers=36, last_layers=36)
+    evaluate(problem_for(m, seq_len=8192, attention_impl="flex"), cfg)
+    assert sorted(set(calls), key=str) == [("attention", 128), ("attention", None)]
+    calls.clear()
+    evaluate(problem_for(m, seq_len=8192, attention_kernel="unfused"), cfg)
+    assert set(calls) == {("attention", None)}
+
+    # document masks shorten full-causal rows; a window's rows are short already
     f = lambda x: np.array([float(x)])  # noqa: E731
-    sh = arch.Shard(t=f(1), c=f(1), e=f(8), etp=f(1), b=f(1), seq=s)
+    sh = arch.Shard(t=f(1), c=f(1), e=f(8), etp=f(1), b=f(1), seq=8192)
+    tr = problem_for(m, seq_len=8192).training
     sliding, full = (arch.layer_work(m, tr, sh, 2, (kind, "moe")) for kind in ("sliding_attention", "full_attention"))
-    assert sliding.attention_keys == 128 and full.attention_keys is None
-    comp = ComputeModel(HARDWARE["h200"], "bf16", 2, "flex")
-    half = HARDWARE["h200"].efficiency.attention_seq_half
+    assert float(sliding.attention_work(np.array([0.3]))[0]) == float(sliding.attention_flops_hw[0])
+    assert float(full.attention_work(np.array([0.3]))[0]) == pytest.approx(0.3 * float(full.attention_flops_hw[0]))
 
-    def rate(work):
-        flops = work.attention_work(1.0)
-        return float(flops[0] / (comp.attention_time(flops, float(s), work.attention_class, work.attention_keys)[0] - comp.overhead))
-
-    assert rate(sliding) / rate(full) == pytest.approx((128 / (128 + half)) / (s / (s + half)), rel=1e-9)
+    s, half = 8192.0, ComputeModel(problem_for(m).hardware, "bf16", 2).eff.attention_seq_half
+    comp = ComputeModel(problem_for(m).hardware, "bf16", 2, "flex")
+    flops = np.array([1e12])
+    ratio = (real(comp, flops, s) - comp.overhead) / (real(comp, flops, s, keys=128) - comp.overhead)
+    assert float(ratio[0]) == pytest.approx((128 / (128 + half)) / (s / (s + half)), rel=1e-9)
 
 
 def test_short_convolution_backward_runs_at_its_measured_ratio():
     """The short convolution of Gated DeltaNet layers: its backward is priced at the measured
     4.4x its forward (fla's weight gradient reduces over the tokens), not an elementwise
-    kernel's 2x; a Qwen3.5 of linear-attention layers alone steps slower for it."""
+    kernel's 2x; a Qwen3.5 of linear-attention layers alone steps slower for it, and the
+    convolution is timed as its own kind of memory-bound kernel."""
     hybrid = qwen35()
     linear = hybrid.model_copy(update={"layer_types": ["linear_attention"] * hybrid.num_layers, "mtp_layers": 0})
     cfg = ConfigBatch.from_columns(64, tp=2, cp=1, ep=8, etp=1, first_layers=40, last_layers=40)
@@ -237,3 +251,11 @@ def test_short_convolution_backward_runs_at_its_measured_ratio():
     eff = problem.hardware.efficiency.model_copy(update={"short_conv_backward_ratio": 2.0})
     elementwise = problem.model_copy(update={"hardware": problem.hardware.model_copy(update={"efficiency": eff})})
     assert float(evaluate(problem, cfg).step_time_s[0]) > float(evaluate(elementwise, cfg).step_time_s[0])
+    from costmodel.compute import ComputeModel
+
+    kinds = []
+    real = ComputeModel.memory_time
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ComputeModel, "memory_time", lambda self, nbytes, kernels=1.0, kind="elementwise": kinds.append(kind) or real(self, nbytes, kernels, kind))
+        evaluate(problem, cfg)
+    assert "short_conv" in kinds
