@@ -434,6 +434,7 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
     # the hybrid-attention kernels (bench/device/measure_linear_attention.py) are a folder of their own
     linear_rows = read_runs(folder, "gdn", runs="linear_attention")
     attention = fit_attention(hw, read_runs(folder, "attention"), overhead)
+    seq_half = profile_seq_half(attention)
     return {
         "folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder),
         "device": meta["device"],
@@ -445,8 +446,8 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
         "attention": attention,
         "memory": fit_memory(hw, read_runs(folder, "memory"), overhead),
         "linear_attention": fit_linear_attention(hw, linear_rows, overhead),
-        "attention_seq_half": profile_seq_half(attention),
-        **fit_hybrid(folder, hw, profile_seq_half(attention), overhead),
+        "attention_seq_half": seq_half,
+        **fit_hybrid(folder, hw, seq_half, overhead),
         "repeat_spread_gemm": run_to_run(folder, "gemm", "time_ms"),
     }
 
@@ -515,8 +516,8 @@ def fit_devices(folders: list[Path], hws: list[HardwareSpec]) -> dict:
         for key, value in other.items():
             if fit[key] is None and value is not None:
                 fit[key] = {**value, "from": rel(folder)}
-                meta = folder / "linear_attention" / "meta.json"
-                borrowed.append(f"{key} from {rel(folder)} ({json.loads(meta.read_text())['device']}, {json.loads(meta.read_text())['taken_utc']})")
+                meta = json.loads((folder / "linear_attention" / "meta.json").read_text())
+                borrowed.append(f"{key} from {rel(folder)} ({meta['device']}, {meta['taken_utc']})")
     fit["transfer"] = [transfer(fit, folder, hw) for folder, hw in zip(folders[1:], hws[1:])]
     fit["folders"] = [rel(f) for f in folders]
     fit["borrowed_text"] = "".join(f"; {b}" for b in borrowed)
