@@ -10,7 +10,8 @@ separate. Those terms are fitted here to tables taken with `bench/device/measure
 model runs):
 
   GEMM (bf16, fp8):   T = 2MNK / min(bw * AI * B_hbm, peak_fraction * P * wave(M,N) * K/(K + k_half)) + t_launch
-  fused attention:    T_fwd = F / (peak_fraction * P * L/(L + seq_half)) + t_launch, T_bwd = ratio * T_fwd
+  fused attention:    T_fwd = F / (peak_fraction * P * L/(L + seq_half)) * (1 + tail/waves) + t_launch,
+                      T_bwd = ratio * T_fwd (waves: the call's query tiles, 128 rows of a head, per SM)
   memory-bound:       T = bytes / (fraction * B_hbm) + kernels * t_launch
   Gated DeltaNet:     T_fwd = max(F / (peak_fraction * P), floor) + t_launch, T_bwd = ratio * T_fwd
                       (F: the FLOPs architecture.linear_attention_block counts; fla's chunked kernels)
@@ -205,47 +206,64 @@ def fit_gemm(hw: HardwareSpec, rows: list[dict], dtype: str) -> dict:
 # --------------------------------------------------------------------------------------------
 # Fused attention
 # --------------------------------------------------------------------------------------------
-def attention_predict(hw: HardwareSpec, flops, seq, peak_fraction, seq_half, overhead_us) -> np.ndarray:
+def attention_predict(hw: HardwareSpec, flops, seq, peak_fraction, seq_half, overhead_us, tail=0.0, rows=None) -> np.ndarray:
     spec = _with(hw, mode="modified_roofline", attention={"peak_fraction": float(peak_fraction), "bandwidth_fraction": 0.8},
-                 attention_seq_half=float(seq_half), kernel_overhead_us=float(overhead_us))
-    return ComputeModel(spec, "bf16", 2).attention_time(np.asarray(flops, float), np.asarray(seq, float))
+                 attention_seq_half=float(seq_half), attention_tail_waves=float(tail), kernel_overhead_us=float(overhead_us))
+    return ComputeModel(spec, "bf16", 2).attention_time(np.asarray(flops, float), np.asarray(seq, float),
+                                                        rows=None if rows is None else np.asarray(rows, float))
+
+
+def query_rows(rs: list[dict]) -> np.ndarray:
+    """Query rows x query heads of each call (batch x heads x sequence): the kernel's grid."""
+    return np.array([float(r["batch"]) * float(r["heads"]) * float(r["seq"]) for r in rs])
 
 
 def fit_attention(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> dict:
-    """Per backend: peak_fraction and seq_half of the causal forward at head dim 128 (the training
-    case: Llama, Qwen, Mixtral, DeepSeek's MLA heads are wider still); one backward/forward ratio
-    for the backends the model names (the profile has one). What the model has no term for is
-    reported apart, not fitted: TP-thin calls with 2-8 heads (an under-filled grid of attention
-    tiles), non-causal calls, and head dim 64."""
+    """Per backend: peak_fraction, seq_half and the grid's tail (in waves) of the causal forward at
+    head dim 128 (the training case: Llama, Qwen, Mixtral, DeepSeek's MLA heads are wider still),
+    over every head count (TP-thin calls of 2-8 heads leave the grid a few waves, whose tail the
+    third term is); one backward/forward ratio for the backends the model names (the profile has
+    one). The TP-thin calls' error is reported apart, with the fit and with a fit that has no tail
+    term (what the model had before it). What the model has no term for is reported apart, not
+    fitted: non-causal calls, and head dim 64."""
     out: dict = {"backends": {}}
     ratios = []
     for backend in sorted({r["backend"] for r in rows}):
-        rs = [r for r in rows if r["backend"] == backend and int(r["heads"]) >= 16 and int(r["causal"]) and int(r["head_dim"]) == FIT_HEAD_DIM]
-        thin = [r for r in rows if r["backend"] == backend and int(r["heads"]) < 16]
+        causal = [r for r in rows if r["backend"] == backend and int(r["causal"]) and int(r["head_dim"]) == FIT_HEAD_DIM]
+        rs = [r for r in causal if int(r["heads"]) >= 16]
+        thin = [r for r in causal if int(r["heads"]) < 16]
         full = [r for r in rows if r["backend"] == backend and not int(r["causal"])]
         other_dims = [r for r in rows if r["backend"] == backend and int(r["heads"]) >= 16 and int(r["causal"]) and int(r["head_dim"]) != FIT_HEAD_DIM]
         col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
-        flops, seq, fwd, bwd = col(rs, "fwd_flops"), col(rs, "seq"), col(rs, "fwd_ms") * 1e-3, col(rs, "bwd_ms") * 1e-3
-
-        def resid(x):
-            return np.log(attention_predict(hw, flops, seq, x[0], x[1], overhead_us) / fwd)
-
-        sol = least_squares(resid, x0=[0.5, 512.0], bounds=([0.02, 0.0], [1.0, 16384.0]))
-        ratio = float(np.exp(np.median(np.log(bwd / fwd))))
+        flops, seq, fwd = col(causal, "fwd_flops"), col(causal, "seq"), col(causal, "fwd_ms") * 1e-3
+        grid = query_rows(causal)
+        sol = least_squares(lambda x: np.log(attention_predict(hw, flops, seq, x[0], x[1], overhead_us, x[2], grid) / fwd),
+                            x0=[0.5, 512.0, 1.0], bounds=([0.02, 0.0, 0.0], [1.0, 16384.0, 64.0]))
+        # the same fit without the tail term, on the calls of 16 heads or more (the model before it)
+        wide = np.array([int(r["heads"]) >= 16 for r in causal])
+        plain = least_squares(lambda x: np.log(attention_predict(hw, flops[wide], seq[wide], x[0], x[1], overhead_us) / fwd[wide]),
+                              x0=[0.5, 512.0], bounds=([0.02, 0.0], [1.0, 16384.0]))
+        bwd = col(rs, "bwd_ms") / col(rs, "fwd_ms")
+        ratio = float(np.exp(np.median(np.log(bwd))))
         if backend in BACKEND_IMPL:
-            ratios.append(np.log(bwd / fwd))
-        def err(rs_):
-            return FitQuality.of(np.log(attention_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), *sol.x, overhead_us) / (col(rs_, "fwd_ms") * 1e-3))) if rs_ else None
+            ratios.append(np.log(bwd))
+
+        def err(rs_, x=sol.x):
+            tail = x[2] if len(x) > 2 else 0.0
+            return FitQuality.of(np.log(attention_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), x[0], x[1], overhead_us, tail, query_rows(rs_))
+                                        / (col(rs_, "fwd_ms") * 1e-3))) if rs_ else None
 
         by_dim = {int(d): err([r for r in other_dims if r["head_dim"] == d]) for d in sorted({r["head_dim"] for r in other_dims})}
         out["backends"][backend] = {
             "impl": BACKEND_IMPL.get(backend),
             "peak_fraction": float(sol.x[0]),
             "seq_half": float(sol.x[1]),
+            "tail_waves": float(sol.x[2]),
             "backward_ratio_median": ratio,
-            "fit": FitQuality.of(sol.fun),
+            "fit": err(rs),
+            "few_heads": err(thin),
+            "few_heads_without_tail": err(thin, plain.x),
             "other_head_dims_not_modelled": by_dim,
-            "few_heads_not_modelled": err(thin),
             "non_causal_not_modelled": err(full),
         }
     all_ratios = np.concatenate(ratios)
@@ -372,11 +390,12 @@ def fit_short_conv(hw: HardwareSpec, rows: list[dict], overhead_us: float) -> di
     }
 
 
-def window_predict(hw: HardwareSpec, flops, seq, keys, peak_fraction, seq_half, overhead_us) -> np.ndarray:
+def window_predict(hw: HardwareSpec, flops, seq, keys, peak_fraction, seq_half, overhead_us, tail=0.0, rows=None) -> np.ndarray:
     spec = _with(hw, mode="modified_roofline", attention={"peak_fraction": float(peak_fraction), "bandwidth_fraction": 0.8},
-                 attention_seq_half=float(seq_half), kernel_overhead_us=float(overhead_us))
+                 attention_seq_half=float(seq_half), attention_tail_waves=float(tail), kernel_overhead_us=float(overhead_us))
     comp = ComputeModel(spec, "bf16", 2)
-    return np.array([comp.attention_time(np.array([f]), float(s), keys=k)[0] for f, s, k in zip(flops, seq, keys)])
+    rows = [None] * len(flops) if rows is None else rows
+    return np.array([comp.attention_time(np.array([f]), float(s), keys=k, rows=g)[0] for f, s, k, g in zip(flops, seq, keys, rows)])
 
 
 #: how a sliding window could set the attention curve's length: the model's rule first
@@ -387,13 +406,14 @@ WINDOW_RULES = {
 }
 
 
-def fit_window(hw: HardwareSpec, rows: list[dict], seq_half: float, overhead_us: float) -> dict | None:
+def fit_window(hw: HardwareSpec, rows: list[dict], seq_half: float, overhead_us: float, tail: float = 0.0) -> dict | None:
     """FlexAttention (bench/device/measure_linear_attention.py's window table): its peak fraction
-    from the full causal calls with at least 16 heads, at the profile's seq_half (one per
-    profile); then the *held-out* sliding-window calls (at least 16 heads) predicted under each
-    way a window could set the curve's length (WINDOW_RULES; the model's is min(L, w)). Its
-    backward/forward ratio is reported, not fitted (the profile has one for every
-    implementation). Reported apart: calls of 8 heads or fewer (TP-thin), as for SDPA."""
+    from the full causal calls with at least 16 heads, at the profile's seq_half and grid tail
+    (one each per profile); then the *held-out* sliding-window calls (at least 16 heads)
+    predicted under each way a window could set the curve's length (WINDOW_RULES; the model's is
+    min(L, w)). Its backward/forward ratio is reported, not fitted (the profile has one for every
+    implementation). Reported apart, held out too: calls of 8 heads or fewer (TP-thin), whose
+    grid tail comes from the other backends' fit."""
     if not rows:
         return None
     col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
@@ -401,27 +421,28 @@ def fit_window(hw: HardwareSpec, rows: list[dict], seq_half: float, overhead_us:
     full = [r for r in wide if int(r["window"]) == 0]
     windowed = [r for r in wide if int(r["window"]) > 0]
     few = [r for r in rows if int(r["heads"]) < 16]
-    sol = least_squares(lambda x: np.log(window_predict(hw, col(full, "fwd_flops"), col(full, "seq"), [None] * len(full), x[0], seq_half, overhead_us)
-                                         / (col(full, "fwd_ms") * 1e-3)), x0=[0.4], bounds=([0.02], [1.0]))
+    sol = least_squares(lambda x: np.log(window_predict(hw, col(full, "fwd_flops"), col(full, "seq"), [None] * len(full), x[0], seq_half, overhead_us,
+                                                        tail, query_rows(full)) / (col(full, "fwd_ms") * 1e-3)), x0=[0.4], bounds=([0.02], [1.0]))
     frac = float(sol.x[0])
 
     def err(rs_, rule):
         keys = [None if int(r["window"]) == 0 else float(WINDOW_RULES[rule](float(r["seq"]), float(r["window"]))) for r in rs_]
-        return FitQuality.of(np.log(window_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), keys, frac, seq_half, overhead_us)
+        return FitQuality.of(np.log(window_predict(hw, col(rs_, "fwd_flops"), col(rs_, "seq"), keys, frac, seq_half, overhead_us, tail, query_rows(rs_))
                                     / (col(rs_, "fwd_ms") * 1e-3)))
 
     keys = [float(min(float(r["seq"]), float(r["window"]))) for r in windowed]
-    predicted = window_predict(hw, col(windowed, "fwd_flops"), col(windowed, "seq"), keys, frac, seq_half, overhead_us)
+    predicted = window_predict(hw, col(windowed, "fwd_flops"), col(windowed, "seq"), keys, frac, seq_half, overhead_us, tail, query_rows(windowed))
     return {
         "peak_fraction": frac,
         "seq_half": seq_half,
+        "tail_waves": tail,
         "fit": FitQuality.of(sol.fun),
         "held_out_windows": {rule: err(windowed, rule) for rule in WINDOW_RULES},
         # (heads, seq, window, predicted / measured) of each held-out call under the model's rule
         "held_out_rows": [(int(r["heads"]), int(r["seq"]), int(r["window"]), float(p / (float(r["fwd_ms"]) * 1e-3)))
                           for r, p in zip(windowed, predicted)],
         "backward_ratio_median": float(np.exp(np.median(np.log(col(wide, "bwd_ms") / col(wide, "fwd_ms"))))),
-        "few_heads_not_modelled": err(few, "min(L, w)") if few else None,
+        "few_heads": err(few, "min(L, w)") if few else None,
     }
 
 
@@ -434,7 +455,7 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
     # the hybrid-attention kernels (bench/device/measure_linear_attention.py) are a folder of their own
     linear_rows = read_runs(folder, "gdn", runs="linear_attention")
     attention = fit_attention(hw, read_runs(folder, "attention"), overhead)
-    seq_half = profile_seq_half(attention)
+    seq_half, tail = profile_seq_half(attention), profile_tail_waves(attention)
     return {
         "folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder),
         "device": meta["device"],
@@ -447,18 +468,19 @@ def fit_chip(folder: Path, hw: HardwareSpec) -> dict:
         "memory": fit_memory(hw, read_runs(folder, "memory"), overhead),
         "linear_attention": fit_linear_attention(hw, linear_rows, overhead),
         "attention_seq_half": seq_half,
-        **fit_hybrid(folder, hw, seq_half, overhead),
+        "attention_tail_waves": tail,
+        **fit_hybrid(folder, hw, seq_half, overhead, tail),
         "repeat_spread_gemm": run_to_run(folder, "gemm", "time_ms"),
     }
 
 
-def fit_hybrid(folder: Path, hw: HardwareSpec, seq_half: float, overhead_us: float) -> dict:
+def fit_hybrid(folder: Path, hw: HardwareSpec, seq_half: float, overhead_us: float, tail: float) -> dict:
     """The short-convolution and FlexAttention terms from a folder's linear_attention/ tables,
-    at a profile's seq_half and launch floor (the reference device's, where they come from
-    another device of the chip)."""
+    at a profile's seq_half, grid tail and launch floor (the reference device's, where they come
+    from another device of the chip)."""
     return {
         "short_conv": fit_short_conv(hw, read_runs(folder, "conv", runs="linear_attention"), overhead_us),
-        "flex_attention": fit_window(hw, read_runs(folder, "window", runs="linear_attention"), seq_half, overhead_us),
+        "flex_attention": fit_window(hw, read_runs(folder, "window", runs="linear_attention"), seq_half, overhead_us, tail),
     }
 
 
@@ -466,6 +488,13 @@ def profile_seq_half(attention: dict) -> float:
     """One seq_half per profile: the geometric mean of the implementations' the model names."""
     halves = [b["seq_half"] for b in attention["backends"].values() if b["impl"]]
     return round(float(np.exp(np.mean(np.log(np.maximum(halves, 1.0))))), 1)
+
+
+def profile_tail_waves(attention: dict) -> float:
+    """One grid tail per profile, as seq_half: the geometric mean of the implementations' the
+    model names."""
+    tails = [b["tail_waves"] for b in attention["backends"].values() if b["impl"]]
+    return round(float(np.exp(np.mean(np.log(np.maximum(tails, 1e-3))))), 3)
 
 
 def transfer(ref: dict, folder: Path, hw: HardwareSpec) -> dict:
@@ -488,10 +517,12 @@ def transfer(ref: dict, folder: Path, hw: HardwareSpec) -> dict:
         out[f"gemm_{dtype}_bandwidth_bound"] = FitQuality.of(np.log(pred / t)[bound]) if bound.any() else None
     overhead = ref["gemm_bf16"]["overhead_us"]
     for backend, b in ref["attention"]["backends"].items():
-        rows = [r for r in read_runs(folder, "attention") if r["backend"] == backend and int(r["heads"]) >= 16 and int(r["causal"]) and int(r["head_dim"]) == FIT_HEAD_DIM]
-        if b["impl"] and rows:
-            out[f"attention_{backend}"] = FitQuality.of(np.log(attention_predict(hw, col(rows, "fwd_flops"), col(rows, "seq"), b["peak_fraction"], b["seq_half"], overhead)
-                                                                / (col(rows, "fwd_ms") * 1e-3)))
+        causal = [r for r in read_runs(folder, "attention") if r["backend"] == backend and int(r["causal"]) and int(r["head_dim"]) == FIT_HEAD_DIM]
+        for key, rows in ((f"attention_{backend}", [r for r in causal if int(r["heads"]) >= 16]),
+                          (f"attention_{backend}_few_heads", [r for r in causal if int(r["heads"]) < 16])):
+            if b["impl"] and rows:
+                out[key] = FitQuality.of(np.log(attention_predict(hw, col(rows, "fwd_flops"), col(rows, "seq"), b["peak_fraction"], b["seq_half"], overhead,
+                                                                  b["tail_waves"], query_rows(rows)) / (col(rows, "fwd_ms") * 1e-3)))
     rows = read_runs(folder, "memory")
     if rows:
         kernels = np.array([KERNELS_PER_OP[r["kernel"]] for r in rows], float)
@@ -512,7 +543,7 @@ def fit_devices(folders: list[Path], hws: list[HardwareSpec]) -> dict:
     rel = lambda f: str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)  # noqa: E731
     borrowed = []
     for folder, hw in zip(folders[1:], hws[1:]):
-        other = fit_hybrid(folder, hw, fit["attention_seq_half"], fit["gemm_bf16"]["overhead_us"])
+        other = fit_hybrid(folder, hw, fit["attention_seq_half"], fit["gemm_bf16"]["overhead_us"], fit["attention_tail_waves"])
         for key, value in other.items():
             if fit[key] is None and value is not None:
                 fit[key] = {**value, "from": rel(folder)}
@@ -551,6 +582,7 @@ def profile_fields(fit: dict) -> dict:
     if fit.get("flex_attention"):
         fields["attention_impls"]["flex"] = {"peak_fraction": round(fit["flex_attention"]["peak_fraction"], 4), "bandwidth_fraction": 0.8}
     fields["attention_seq_half"] = profile_seq_half(att)
+    fields["attention_tail_waves"] = profile_tail_waves(att)
     if fit.get("short_conv"):
         fields["short_conv_fraction"] = round(fit["short_conv"]["fraction"], 4)
         fields["short_conv_call_us"] = round(fit["short_conv"]["call_us"], 1)
@@ -586,12 +618,14 @@ def report(fit: dict) -> str:
         lines.append(f"  grouped GEMM (MoE experts): peak_fraction {fit['grouped_gemm']['peak_fraction']:.3f}; fit {fit['grouped_gemm']['fit'].text()}")
     att = fit["attention"]
     for name, b in att["backends"].items():
-        lines.append(f"  attention {name} (impl {b['impl']}): peak_fraction {b['peak_fraction']:.3f}, seq_half {b['seq_half']:.0f}, bwd/fwd {b['backward_ratio_median']:.2f}; causal fit {b['fit'].text()}")
+        lines.append(f"  attention {name} (impl {b['impl']}): peak_fraction {b['peak_fraction']:.3f}, seq_half {b['seq_half']:.0f}, "
+                     f"tail {b['tail_waves']:.2f} waves, bwd/fwd {b['backward_ratio_median']:.2f}; causal fit, 16+ heads {b['fit'].text()}")
+        if b["few_heads"]:
+            lines.append(f"    2-8 heads per call (in the fit): {b['few_heads'].text()}; without the tail term {b['few_heads_without_tail'].text()}")
         for d, q in b["other_head_dims_not_modelled"].items():
             lines.append(f"    not modelled, head dim {d}: {q.text()}")
-        for key, what in (("few_heads_not_modelled", "2-8 heads per call"), ("non_causal_not_modelled", "non-causal")):
-            if b[key]:
-                lines.append(f"    not modelled, {what}: {b[key].text()}")
+        if b["non_causal_not_modelled"]:
+            lines.append(f"    not modelled, non-causal: {b['non_causal_not_modelled'].text()}")
     lines.append(f"  attention backward/forward {att['backward_ratio']:.2f}: {att['backward_fit'].text()}")
     lines.append(f"  memory-bound fraction {fit['memory']['fraction']:.3f}: {fit['memory']['fit'].text()}")
     la = fit.get("linear_attention")
@@ -608,14 +642,15 @@ def report(fit: dict) -> str:
             lines.append(f"    of which the 1,024-channel calls (TP 8): {conv['fit_thin_calls'].text()}")
     flex = fit.get("flex_attention")
     if flex:
-        lines.append(f"  FlexAttention (impl flex, head dim 64): peak_fraction {flex['peak_fraction']:.3f} at seq_half {flex['seq_half']:.0f}, "
+        lines.append(f"  FlexAttention (impl flex, head dim 64): peak_fraction {flex['peak_fraction']:.3f} at seq_half {flex['seq_half']:.0f} "
+                     f"and tail {flex['tail_waves']:.2f} waves, "
                      f"bwd/fwd {flex['backward_ratio_median']:.2f}; full causal fit {flex['fit'].text()}")
         lines.append("    held-out sliding windows, by the curve length a window sets: "
                      + ", ".join(f"{rule} {q.text()}" for rule, q in flex["held_out_windows"].items()))
         lines.append("    each under min(L, w), predicted / measured: "
                      + ", ".join(f"{h} heads x {s} tokens, window {w}: {x:.2f}" for h, s, w, x in flex["held_out_rows"]))
-        if flex["few_heads_not_modelled"]:
-            lines.append(f"    not modelled, 8 heads or fewer per call: {flex['few_heads_not_modelled'].text()}")
+        if flex["few_heads"]:
+            lines.append(f"    held out, 8 heads or fewer per call (the tail from the fused backends): {flex['few_heads'].text()}")
     for t in fit.get("transfer", []):
         lines.append(f"  {t['folder']} ({t['hardware']}) scored with these terms, unchanged:")
         lines += [f"    {key}: {q.text()}" for key, q in t.items() if isinstance(q, FitQuality)]

@@ -180,6 +180,9 @@ class LayerWork:
     # keys a query sees at most (a sliding window), which the attention curve's length is capped at
     # (compute.ComputeModel.attention_time); None: the whole causal prefix
     attention_keys: float | None = None
+    # query rows x query heads of the fused attention kernel's calls on this GPU for one micro-batch
+    # (its grid: compute.ComputeModel.attention_time's tail); None: unfused or linear attention
+    attention_rows: np.ndarray | float | None = None
     ep_chunks: np.ndarray | float = 1.0  # all-to-alls per dispatch (and per combine): MemFine's FCDA chunks
     ep_buffer_bytes: np.ndarray | float = 0.0  # the combine's receive buffer: this rank's own token copies (one chunk's)
     # weights wider than the compute (fp32 under autocast): the per-micro-batch casts of the GEMM
@@ -498,7 +501,8 @@ def attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention
     cp_a2a = D * T * (a_t * (dqk + dv) + kv_read * (dqk + dv))  # Ulysses: q, k, v in and the output back
     return dict(gemms=gemms, ops=ops, attention_hw=attention_hw, saved=saved, params=params, tp=tp, cp_block=cp_block, cp_a2a=cp_a2a,
                 # a fused kernel walks only the window's key blocks; an unfused one computes every score
-                attention_class="attention", attention_keys=m.sliding_window if attention == "sliding_attention" and flash else None)
+                attention_class="attention", attention_keys=m.sliding_window if attention == "sliding_attention" and flash else None,
+                attention_rows=T * a_t if flash else None)
 
 
 def linear_attention_block(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int) -> dict:
@@ -685,6 +689,7 @@ def dense_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: st
         expert_params_local=zero,
         attention_class=at.get("attention_class", "attention"),
         attention_keys=at.get("attention_keys"),
+        attention_rows=at.get("attention_rows"),
     )
 
 
@@ -787,6 +792,7 @@ def moe_layer(m: ModelSpec, tr: TrainingSpec, sh: Shard, D: int, attention: str 
         expert_params_local=expert_params,
         attention_class=at.get("attention_class", "attention"),
         attention_keys=at.get("attention_keys"),
+        attention_rows=at.get("attention_rows"),
         ep_chunks=chunks,
         ep_buffer_bytes=np.where(sh.e > 1, D * Tsp * x.top_k * h / chunks, 0.0),
     )

@@ -16,8 +16,9 @@ of a tile's time (prologue and epilogue). Which terms a chip needs is decided by
 kernel timings (calibration/kernels.py, leave-one-model-out on real layers). The backward of a GEMM is
 a data-gradient GEMM (M x K output over N) and a weight-gradient GEMM (K x N output over the M
 tokens): each is timed at its own shape. Fused attention runs at peak_fraction * L/(L + seq_half)
-with L the query tokens of one call (at most the keys a sliding window leaves a query), its backward `attention_backward_ratio` times the
-forward (linear attention: its own peak fraction, never under a per-call floor, and its own
+with L the query tokens of one call (at most the keys a sliding window leaves a query), slowed by
+its grid's tail where few heads leave few waves of query tiles (`attention_tail_waves`), its
+backward `attention_backward_ratio` times the forward (linear attention: its own peak fraction, never under a per-call floor, and its own
 backward ratio); each fused-attention implementation (Transformer Engine, PyTorch SDPA, Triton,
 FlexAttention) may have its own curve. Memory-bound kernels move their bytes at a fraction of HBM
 bandwidth, the short convolution of linear-attention layers at its own, with a per-call cost and
@@ -36,6 +37,11 @@ import numpy as np
 from costmodel.architecture import Gemm
 from costmodel.specs import Curve, HardwareSpec
 from costmodel.units import FP8_COMPUTE, GB, TFLOP, US
+
+
+#: query rows of one head a fused-attention tile holds (FlashAttention-2/3 and cuDNN's kernels on
+#: A100 and Hopper at head dims 64-128: block_m = 128), the unit of the kernel's grid
+ATTENTION_QUERY_TILE = 128
 
 
 class ComputeModel:
@@ -111,7 +117,8 @@ class ComputeModel:
         return self.gemm_time_of(g.m, g.k, g.n, g.kind, g.count), self.gemm_time_of(g.k, g.n, g.m, g.kind, g.count)
 
     def attention_time(self, flops: np.ndarray, query_tokens: np.ndarray | float = np.inf, kind: str = "attention",
-                       keys: float | None = None) -> np.ndarray:
+                       keys: float | None = None, rows: np.ndarray | float | None = None,
+                       diagonal_share: np.ndarray | float = 1.0) -> np.ndarray:
         """Fused attention is compute-bound at training sequence lengths; its efficiency is
         its own curve (MoFa Fig. 10 shows it far below the GEMM roofline), lower for short
         calls (module docstring). Under a sliding window of `keys` keys the curve's length is
@@ -119,10 +126,22 @@ class ComputeModel:
         start-up and epilogue weigh as in a call that long (FlexAttention on an H200, GPT-OSS's
         heads: a 128-token window at 16K tokens runs at 0.25 of the full causal call's rate, a
         1,024-token window at 0.73; the curve gives 0.24 and 0.73; a short call's fixed cost, as
-        the 128-token window at 4K tokens pays, is not in it; calibration/kernels.py)."""
-        half = self.eff.attention_seq_half if self.eff.mode == "modified_roofline" and kind == "attention" else 0.0
+        the 128-token window at 4K tokens pays, is not in it; calibration/kernels.py).
+        The kernel's grid, `rows` (query rows x query heads of its calls on this GPU) in tiles of
+        ATTENTION_QUERY_TILE rows of one head, fills waves of the SMs; its end costs about
+        `attention_tail_waves` waves of tile time, whatever the waves (the causal grid's last,
+        longest tiles with SMs idle): time x (1 + tail/waves). Negligible with many heads, it is
+        what TP-thin calls pay (Hopper, 2-8 heads at 8K tokens: 0.45-0.85 of the rate of 32;
+        the fit and its held-out chip: calibration/kernels.py). Only the causal self-attention
+        calls were measured: the tail weighs on `diagonal_share` of the work, the diagonal blocks
+        of a CP rank's sequence (1/ring; a rank's other blocks are rectangles of equal tiles)."""
+        fused = self.eff.mode == "modified_roofline" and kind == "attention"
+        half = self.eff.attention_seq_half if fused else 0.0
         length = query_tokens if keys is None else np.minimum(query_tokens, keys)
         shape = 1.0 if half == 0 else length / (length + half)
+        tail = self.eff.attention_tail_waves if fused and rows is not None and self.hw.sm_count else 0.0
+        if tail:
+            shape = shape / (1.0 + diagonal_share * tail * ATTENTION_QUERY_TILE * self.hw.sm_count / np.maximum(rows, 1.0))
         rate = self._achieved(kind, np.full_like(flops, 1e4), shape)
         if kind == "linear_attention" and self.eff.mode == "modified_roofline":
             # a call never beats its host-side dispatch (EfficiencyProfile.linear_attention_floor_us)

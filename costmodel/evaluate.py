@@ -171,10 +171,15 @@ def layer_costs(problem: Problem, cfg: ConfigBatch, bounds: bool = False) -> Lay
     # query tokens of one attention call: a sequence's share of the ring (whole sequences for
     # Ulysses), no longer than a document under document masks
     tokens = tr.seq_len / ring
+    causal_len = float(tr.seq_len)  # the tokens of one causal self-attention (a document under document masks)
     if tr.mean_document_tokens is not None:
         tokens = np.minimum(tokens, tr.mean_document_tokens)
+        causal_len = float(min(tr.seq_len, tr.mean_document_tokens))
+    # the share of a rank's attention work in causal self-attention calls (the diagonal blocks of
+    # its chunks; the rest are rectangles): where the kernel's grid tail weighs (ComputeModel.attention_time)
+    diagonal = tokens / causal_len
     times = [layer_time(work, m, cfg, where, comp, net, eff, unfused, host, factor, tokens, tr.moe.dispatcher,
-                        tr.sequence_parallel, tr.tp_backward_overlap) for work in works]
+                        tr.sequence_parallel, tr.tp_backward_overlap, diagonal) for work in works]
     if bounds:
         ideal = ideal_network(hw, cl)
         ideal_where = place(cl.placement, cfg, ideal)

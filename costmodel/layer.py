@@ -197,6 +197,7 @@ def layer_time(
     dispatcher: str = "alltoall",
     sequence_parallel: bool = True,
     tp_backward_overlap: bool = True,
+    diagonal_share: np.ndarray | float = 1.0,
 ) -> LayerTime:
     gemm_f = {g.name: comp.gemm_time(g) for g in work.gemms}
     comp_gemm_f = sum(gemm_f.values())
@@ -204,7 +205,8 @@ def layer_time(
     dgrad = sum(d for d, _ in gemm_b.values()) if gemm_b else 0.0
     wgrad = sum(w for _, w in gemm_b.values()) if gemm_b else 0.0
     linear = work.attention_class == "linear_attention"
-    attn_f = comp.attention_time(work.attention_work(attention_factor), attention_tokens, work.attention_class, work.attention_keys)
+    attn_f = comp.attention_time(work.attention_work(attention_factor), attention_tokens, work.attention_class, work.attention_keys,
+                                work.attention_rows, diagonal_share)
     attn_b = attn_f * (eff.linear_attention_backward_ratio if linear else 2.0 if unfused_attention else eff.attention_backward_ratio)
     mem_f = {op.name: comp.memory_time(op.bytes, op.kernels, op.kind) for op in work.memory_ops}
     mem_total = sum(mem_f.values())

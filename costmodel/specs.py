@@ -281,6 +281,14 @@ class EfficiencyProfile(Spec):
         description="query tokens per attention call at which the fused kernel reaches half its peak rate: "
         "efficiency x L/(L + seq_half) (tile start-up, causal masking of the diagonal); 0 = no shape dependence",
     )
+    attention_tail_waves: float = Field(
+        default=0.0,
+        ge=0,
+        description="what the fused kernel's grid pays at its end, in waves of query tiles (128 query rows of one head "
+        "on each SM): time x (1 + tail/waves), waves = query rows x heads of a call / (128 x SMs). Few heads per GPU "
+        "(TP-thin calls) leave few waves, whose last, longest causal tiles run with SMs idle (Hopper kernel tables: "
+        "2-8 heads at 8K tokens run at 0.45-0.85 of the rate of 32; calibration/kernels.py); 0 = no grid term",
+    )
     attention_backward_ratio: float = Field(
         default=2.5,
         ge=1,

@@ -283,7 +283,7 @@ def calibrated_attention_impls(kernel: dict, calibrated: dict) -> dict:
     uses) at its kernel peak fraction times the geometric mean of calibrated / kernel over the
     implementations both name -- the step-level correction a fused-attention kernel needs
     beyond its isolated timing, an assumption taken as common to the implementations (on the
-    H100 profile: te 0.409 / 0.648, sdpa 0.234 / 0.342, so 0.65)."""
+    H100 profile: te 0.414 / 0.671, sdpa 0.237 / 0.362, so 0.635)."""
     shared = [k for k in calibrated if k in kernel]
     ratio = math.exp(sum(math.log(calibrated[k]["peak_fraction"] / kernel[k]["peak_fraction"]) for k in shared) / len(shared)) if shared else 1.0
     carried = {k: {**curve, "peak_fraction": curve["peak_fraction"] * ratio} for k, curve in kernel.items() if k not in calibrated}

@@ -51,7 +51,16 @@ def test_a_held_out_source_is_predicted_from_the_others():
     """Leave one source out, for one source: NeMo's long-sequence CP runs on H100 (9 points,
     FP8, Transformer Engine attention, CP 1-32) predicted by the H100 profile fitted on every
     other H100 source, within the issue's 10% per source. The tolerance is the figure
-    results/reference/validate.txt records for this source (4.29%, held out; 4.36% before
+    results/reference/validate.txt records for this source (5.42%, held out. It was 4.29% before
+    the attention kernel's grid tail (ComputeModel.attention_time): the tail slows the TP-thin
+    attention of the other sources (Llama 3 405B's and Nemotron-4 340B's 12-16 heads a GPU, the
+    device steps' short calls), the refit moves the knobs the source shares with them (in the
+    full fit the kernel overhead 16.9 -> 14.1 us, the bandwidth decay at scale 0.0075 -> 0): the
+    4K-32K rows, whose own TP-thin calls pay the tail, come out 0.3-1.4 points slower (+13.3..+1.6%
+    -> +14.1..+1.9%), the 64K-1M rows, whose CP calls are mostly rectangles the tail spares,
+    0.6-1.9 points faster (+0.2..-5.5% -> -0.4..-7.3%). Their per-source figure is
+    the one the new term costs; over all 133 H100 points the held-out error is 5.03% against
+    5.06%. 4.36% before
     torchtitan's 405B CP runs resolved their unstated Float8 and async TP and joined the H100
     fit; 4.35% before
     torchtitan's H100 rows, which the H100 fit shares, repeated K/V to every query head and kept
@@ -78,7 +87,7 @@ def test_a_held_out_source_is_predicted_from_the_others():
         r = point_result(p, hw, cfg, chosen)
         assert r.scored
         errors.append(abs(r.error_pct))
-    assert sum(errors) / len(errors) <= 4.29 + 0.005  # the recorded figure, to its printed precision
+    assert sum(errors) / len(errors) <= 5.42 + 0.005  # the recorded figure, to its printed precision
 
 
 def test_presets_use_the_calibrated_profiles():

@@ -210,9 +210,9 @@ def test_sliding_window_layers_run_the_short_attention_curve(monkeypatch):
     calls = []
     real = ComputeModel.attention_time
 
-    def recording(self, flops, query_tokens=np.inf, kind="attention", keys=None):
+    def recording(self, flops, query_tokens=np.inf, kind="attention", keys=None, rows=None, diagonal_share=1.0):
         calls.append((kind, keys))
-        return real(self, flops, query_tokens, kind, keys)
+        return real(self, flops, query_tokens, kind, keys, rows, diagonal_share)
 
     monkeypatch.setattr(ComputeModel, "attention_time", recording)
     m = model_from_hf_config(CONFIGS / "gpt_oss_120b.json")
@@ -259,3 +259,27 @@ def test_short_convolution_backward_runs_at_its_measured_ratio():
         mp.setattr(ComputeModel, "memory_time", lambda self, nbytes, kernels=1.0, kind="elementwise": kinds.append(kind) or real(self, nbytes, kernels, kind))
         evaluate(problem, cfg)
     assert "short_conv" in kinds
+
+
+def test_attention_grid_is_the_ranks_query_rows_and_heads(monkeypatch):
+    """The fused kernel's grid is a rank's query rows x query heads of one micro-batch (GPT-OSS-120B:
+    64 query heads over TP 4 = 16, micro-batch 2 of 8K tokens over CP 2 = 8K rows), and the grid
+    tail weighs on the diagonal share of its work, 1/CP (ComputeModel.attention_time); unfused
+    attention has no kernel grid. Recorded at ComputeModel.attention_time as evaluate calls it."""
+    from costmodel.compute import ComputeModel
+
+    calls = []
+    real = ComputeModel.attention_time
+
+    def recording(self, flops, query_tokens=np.inf, kind="attention", keys=None, rows=None, diagonal_share=1.0):
+        calls.append((None if rows is None else float(np.ravel(rows)[0]), float(np.ravel(diagonal_share)[0])))
+        return real(self, flops, query_tokens, kind, keys, rows, diagonal_share)
+
+    monkeypatch.setattr(ComputeModel, "attention_time", recording)
+    m = model_from_hf_config(CONFIGS / "gpt_oss_120b.json")
+    cfg = ConfigBatch.from_columns(64, tp=4, cp=2, ep=8, etp=1, mbs=2, first_layers=36, last_layers=36)
+    evaluate(problem_for(m, seq_len=8192), cfg)
+    assert set(calls) == {(2 * 4096 * 16.0, 0.5)}
+    calls.clear()
+    evaluate(problem_for(m, seq_len=8192, attention_kernel="unfused"), cfg)
+    assert {rows for rows, _ in calls} == {None}
