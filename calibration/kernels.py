@@ -500,7 +500,8 @@ def profile_tail_waves(attention: dict) -> float:
 def transfer(ref: dict, folder: Path, hw: HardwareSpec) -> dict:
     """Another device's tables scored with the reference fit's terms, unchanged (its own datasheet
     peaks and HBM bandwidth): GEMMs (every row), grouped GEMMs, causal attention at head dim 128
-    with at least 16 heads per backend the model names, memory-bound kernels, Gated DeltaNet."""
+    per backend the model names (calls of 16 heads or more, and the TP-thin ones apart), memory-bound
+    kernels, Gated DeltaNet."""
     col = lambda rs_, c: np.array([float(r[c]) for r in rs_])  # noqa: E731
     out: dict = {"folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder), "hardware": hw.name}
     gemm_rows = read_runs(folder, "gemm")

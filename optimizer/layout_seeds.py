@@ -208,7 +208,8 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                  uniform_recompute: bool = False, fixed_level: int | None = None) -> tuple[tuple[int, ...], float, list[tuple[np.ndarray, ...]], tuple[int, ...]]:
     """Descent over single-layer moves from `start`: moves of one layer from any stage to any
     other (the `max_moves` that most shorten the current longest path, and as many recompute
-    moves), and, where the skeleton allows full recompute, one more or one fewer recomputed layer in a
+    moves), one layer from one chunk to another on every rank that holds one there (every such
+    move: parallel longest paths through a chunk of several ranks), and, where the skeleton allows full recompute, one more or one fewer recomputed layer in a
     stage or one recomputed layer moved to another stage (with `uniform_recompute`, one more or
     fewer N for every stage: r_s = min(N, layers_s), Megatron's one --recompute-num-layers;
     `fixed_level`: that N, kept, so that only layers move),
@@ -257,6 +258,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     main_run = int(np.argmax([end - begin for _, begin, end in lin.runs]))  # the kind most layers have
     layer_s = lin.pass_layer_s(main_run)
     rank_of = np.array(stage_ranks(ctx.pp, ctx.vp, ctx.vee))
+    chunk_stage = np.array([list(mine) for mine in ctx.stages_of], dtype=np.int64)  # [rank, chunk] -> stage
     # bytes one more recomputed layer of the main kind takes off its rank's peak (the most
     # micro-batches its chunk has in flight times what it stops keeping)
     drop_bytes = np.zeros(stages)
@@ -279,6 +281,21 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
         free = np.maximum(headroom, 0.0)[rank_of]
         gain = weight[a] - weight[c]
         saved = np.minimum(lin.layer_bytes[a], room[a]) - np.maximum(lin.layer_bytes[c] - free[c], 0.0)
+        if ctx.vp > 1:
+            # one layer from chunk a to chunk c on every rank whose chunk a holds one (kind 5, a
+            # and c chunk indices): where parallel longest paths run through the same chunk of
+            # several ranks, no single move shortens the makespan and the tie-break by the sum of
+            # op ends may not lead across (Llama 3 405B cp 1, free layouts: six ranks' layers in
+            # chunk 2, a 9.77 s local optimum; moved to chunk 6 together, 9.20 s)
+            ca, cc = np.meshgrid(np.arange(ctx.vp), np.arange(ctx.vp), indexing="ij")
+            ca, cc = ca[ca != cc], cc[ca != cc]
+            held = dec[chunk_stage] > 0  # [rank, chunk]
+            row_gain = np.array([(weight[chunk_stage[:, x]] - weight[chunk_stage[:, y]])[held[:, x]].sum() for x, y in zip(ca, cc)])
+            row_ok = held[:, ca].any(axis=0)
+            row_order = np.argsort(-row_gain[row_ok], kind="stable")
+            chunk_moves = [(5, int(x), int(y)) for x, y in zip(ca[row_ok][row_order], cc[row_ok][row_order])]
+        else:
+            chunk_moves = []
         if lin.recompute:
             slow = n_b * lin.recompute_s[main_run]
             if uniform:
@@ -325,17 +342,21 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
         else:
             order = np.lexsort((rng.permutation(len(a)), -gain))
         # the most promising max_moves layer moves and as many recompute moves, in that order:
-        # capped together, the layer moves' larger estimates crowd out every recompute move
+        # capped together, the layer moves' larger estimates crowd out every recompute move;
+        # then, where none of them improves, every chunk move (at most vp * (vp - 1)), in batches
+        # of their own and outside the single moves' random tie-break: a descent that single
+        # moves still improve follows the same path as without them (mixed in, they led the
+        # per-chunk recompute descent of tests/integration/test_layout_starts.py to 5.805 s
+        # instead of 5.792 s)
         layer = kind[order] == 0
         keep = np.zeros(len(order), bool)
         keep[np.flatnonzero(layer)[:max_moves]] = True
         keep[np.flatnonzero(~layer)[:max_moves]] = True
         order = order[keep]
-        moves = list(zip(kind[order].tolist(), a[order].tolist(), c[order].tolist()))
+        single = list(zip(kind[order].tolist(), a[order].tolist(), c[order].tolist()))
         improved = False
         neighbours = []
-        for i in range(0, len(moves), batch):
-            chunk = moves[i:i + batch]
+        for chunk in [single[i:i + batch] for i in range(0, len(single), batch)] + [chunk_moves[i:i + batch] for i in range(0, len(chunk_moves), batch)]:
             cand = np.repeat(current[None], len(chunk), axis=0)
             levels = np.full(len(chunk), level)
             for row, (k, a, c) in enumerate(chunk):
@@ -343,6 +364,12 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                     cand[row, a] -= 1
                     cand[row, c] += 1
                     cand[row, stages + a] = min(cand[row, stages + a], cand[row, a])
+                elif k == 5:  # chunk a -> chunk c on every rank whose chunk a holds a layer
+                    src, dst = chunk_stage[:, a], chunk_stage[:, c]
+                    src, dst = src[cand[row, src] > 0], dst[cand[row, src] > 0]
+                    cand[row, src] -= 1
+                    cand[row, dst] += 1
+                    cand[row, stages + src] = np.minimum(cand[row, stages + src], cand[row, src])
                 elif a < 0:  # uniform N
                     levels[row] += 1 if k == 1 else -1
                 elif k == 4:  # a recomputed layer from a to c

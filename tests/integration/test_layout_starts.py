@@ -1,10 +1,12 @@
 """The layout search's starts and moves on Llama 3 405B on 16,384 H100s at tp 8, cp 1, pp 16 x
 vp 8 (bench/bench_layouts.py's second and third cases), whose even split needs 90.6 of 79.6 GiB.
-Without recompute no given layout fits, and the free search starts from round_seeds' answers:
-the local optima of its starts differ by 12% and not in the order of the starts; it descends
-from the fastest few (layout_search.ROUND_STARTS), which reach the 9.15 s layout (its proven
-bound, 9.04 s). With per-chunk recompute the local search moves a recomputed layer off the
-longest path."""
+Without recompute no given layout fits, and the free search starts from round_seeds' answers
+and descends from the fastest few (layout_search.ROUND_STARTS). With single-layer moves alone
+their local optima differed by up to 12%, not in the order of the starts, and which start reached
+the best basin changed with every refit of the H100 profile; the chunk moves (one layer from one
+chunk to another on every rank holding one there) take them across the plateau where several
+ranks' chunks carry parallel longest paths. With per-chunk recompute the local search moves a
+recomputed layer off the longest path."""
 
 from pathlib import Path
 
@@ -28,6 +30,9 @@ def context(**recompute):
 
 
 def test_the_fastest_starts_reach_the_best_basin():
+    """The best layout any search has found for this skeleton (9.2036 s; 9.15 s before the
+    attention kernel's grid tail, whose refit sent these starts to 9.77-10.9 s with single-layer
+    moves alone)."""
     ctx = context()
     lin = LinearLayouts(ctx)
     answers = list(dict.fromkeys(a for k in (0, 1) for a in round_seeds(ctx, lin, 1.0, random_seed=k)))
@@ -35,16 +40,36 @@ def test_the_fastest_starts_reach_the_best_basin():
     f, b = lin.times(counts)
     order = np.argsort(schedule_graph(ctx).makespan(f, b), kind="stable")
     ends = [local_search(ctx, answers[k].decoders, 10.0, lin=lin, start_recompute=answers[k].recompute)[1] for k in order[:ROUND_STARTS]]
-    assert min(ends) < 9.16
-    assert max(ends) > 1.05 * min(ends)  # the starts do lead to different basins: one descent is not enough
+    assert min(ends) < 9.21
+
+
+def test_a_chunk_move_crosses_a_plateau_of_parallel_paths():
+    """A local optimum of single-layer moves (9.772 s, reached from two of those starts before the
+    chunk moves): ranks 5 and 11-15 each hold a layer in chunk 2, whose longest paths run in
+    parallel, so moving any one of them leaves the makespan. One chunk move (chunk 2 -> 6 on all
+    six) reaches the 9.2036 s layout."""
+    ctx = context()
+    lin = LinearLayouts(ctx)
+    chunks = np.zeros((8, 16), dtype=np.int64)  # [chunk, rank]: stage = chunk * 16 + rank
+    chunks[2, [5, 11, 12, 13, 14, 15]] = 1
+    chunks[6, [12, 13, 14, 15]] = [1, 2, 3, 3]
+    chunks[7] = [6, 6, 6, 6, 6, 5, 6, 6, 7, 8, 9, 9, 8, 8, 8, 7]
+    start = tuple(int(x) for x in chunks.reshape(-1))
+    assert sum(start) == 126
+    counts, _ = lin.layout_counts(np.array([start + (0,) * 128]))
+    f, b = lin.times(counts)
+    assert lin.fits(counts)[0] and abs(float(schedule_graph(ctx).makespan(f, b)[0]) - 9.772) < 0.001
+    _, end, _, _ = local_search(ctx, start, 10.0, lin=lin)
+    assert end < 9.21
 
 
 def test_a_recomputed_layer_moves_off_the_longest_path():
     """From the layout the search kept until the move existed (one layer a stage, 27 recomputed,
-    5.809 s): one fewer recomputed layer does not fit, one more is slower, and moving one to a
-    stage off the longest path is faster (5.770 s after three such moves; 5.757 s once the
-    descent also takes a move that leaves the makespan but shortens the other ops, so that two
-    parallel longest paths are both shortened)."""
+    5.845 s): one fewer recomputed layer does not fit, one more is slower, and moving one to a
+    stage off the longest path is faster (5.792 s once the descent also takes moves that leave
+    the makespan but shorten the other ops, so that two parallel longest paths are both
+    shortened; 5.809 -> 5.757 s before the attention kernel's grid tail). The chunk moves, tried
+    only where no single move improves, leave this descent as it was."""
     ctx = context(recompute=2, recompute_method=1, recompute_layers=1)
     lin = LinearLayouts(ctx)
     decoders = (0,) + (1,) * 126 + (0,)
@@ -54,6 +79,6 @@ def test_a_recomputed_layer_moves_off_the_longest_path():
     counts, recomputed = lin.layout_counts(np.array([decoders + tuple(recompute)]))
     f, b = lin.times(counts, recomputed)
     start = float(schedule_graph(ctx).makespan(f, b)[0])
-    assert lin.fits(counts, recomputed)[0] and abs(start - 5.809) < 0.001
+    assert lin.fits(counts, recomputed)[0] and abs(start - 5.845) < 0.001
     _, end, _, moved = local_search(ctx, decoders, 10.0, lin=lin, start_recompute=tuple(recompute))
-    assert end < 5.76 and sum(moved) == 27
+    assert end < 5.795 and sum(moved) == 27
