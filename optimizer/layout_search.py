@@ -528,8 +528,13 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
     return seeds, starts, zero_start
 
 
+def in_space(decoders, min_layers: int, max_layers: int | None) -> bool:
+    """Whether a layout's stages hold between min_layers and max_layers decoder layers."""
+    return min(decoders) >= min_layers and (max_layers is None or max(decoders) <= max_layers)
+
+
 def region_bound(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, incumbent, goal_s: float, slack_s: float, budget_s: float,
-                 tables, min_layers: int, max_layers: int | None) -> tuple[float | None, bool]:
+                 tables, min_layers: int, max_layers: int | None, below_goal=()) -> tuple[float | None, bool]:
     """Layouts of one kind of layer, with an incumbent (its score): the integer
     consequences of beating it (rank_order_region: rank totals, stage 0) and, within them, the
     LP relaxation of the schedule graph (lp_region_bound), in `budget_s`. Where the LP reaches
@@ -538,6 +543,10 @@ def region_bound(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, incumb
     in 20 s); otherwise the region's rows and the LP's paths join the model (the rows hold for
     every layout the rounds ask for: those below the incumbent). solve_layout runs it with a
     second or more: under that, its probes alone would overrun the limit.
+    `below_goal`: the decoder counts of layouts known to run below the goal though they do not
+    fit (the seeds that break the memory): the LP relaxes memory and recompute, so at one of them
+    inside the region its value is at most that layout's makespan, and it cannot reach the goal;
+    then the region's rows alone join the model and the LP's time goes to the rounds.
     Returns (the bound proven for every layout, None where the LP proved nothing; whether it
     certifies the incumbent)."""
     pp, t = ctx.pp, lm.t
@@ -549,6 +558,8 @@ def region_bound(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, incumb
         lm.model.Add(sum(t[r::pp]) >= region.low[r])
         lm.model.Add(sum(t[r::pp]) <= region.high[r])
     lm.model.Add(t[0] <= region.stage0_high)
+    if any(region.contains(decoders) for decoders in below_goal):
+        return None, False
     pool = [path_of(ctx, incumbent)] + [(np.array(n_f), np.array(n_b)) for n_f, n_b in sorted(lm.cuts)]
     found_lb, lp_paths = lp_region_bound(ctx, region, goal_s, pool=pool, time_limit_s=budget_s - (time.perf_counter() - t_region),
                                          lin=lin, min_layers=min_layers, max_layers=max_layers)
@@ -595,7 +606,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     path cuts' LP relaxation misses, 2.1% below Megatron's split; its regular layouts: 2.4 s
     -> 0.4 s); otherwise the region's rows and the LP's paths join the model for the rounds
     (cp 1 with per-chunk recompute, regular layouts, whose tables hold a rank to 8 layers:
-    1.8% -> 1.6% in 10 s).
+    1.8% -> 1.6% in 10 s). Where a seed that breaks the memory runs below the incumbent, the
+    LP (memory relaxed) stays below that seed and cannot certify: it is skipped, and without
+    recompute tables the region's probes too, their time going to the rounds (Llama 3 405B
+    cp 1, free layouts, the split 11 GiB over at 5.5 s against a 9.2 s incumbent: 43.8% ->
+    1.5-6.7% in 10 s over four runs).
     Free layouts with an incumbent: each round asks CP-SAT for layouts the model prices below
     the incumbent; every answer's longest path becomes a cut (or the answer the new incumbent),
     and INFEASIBLE certifies the incumbent. Before the rounds the model takes the paths that
@@ -892,9 +907,20 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # in 5.9 s without)
             region_fraction = 0.0
         region_budget = region_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
+        goal = layout_makespan(inc.score) - 2 * slack if inc.layout is not None else -math.inf
+        # layouts of the search's space that run below the goal but break the memory (seeds the
+        # capacity rules out): the region's LP, which relaxes memory, stays below them
+        known = [layout for layout in seeds if layout.mtp == mtp and layout.stages == stages and in_space(layout.decoders, min_layers, max_layers)]
+        below_goal = [] if not known or inc.layout is None else [
+            layout.decoders for layout, value in zip(known, lin.screen([x.decoders + x.recompute for x in known]).makespan_s) if value < goal]
+        if below_goal and tables is None:
+            # without recompute tables the region holds every layout below the goal, memory
+            # relaxed (rank_order_region), so these too: neither its probes nor its LP can certify,
+            # and their time goes to the rounds (see the docstring)
+            region_budget = 0.0
         if refine and inc.layout is not None and not graph and len(runs) == 1 and region_budget >= 1.0 and not proven:
-            lp_bound, proven = region_bound(ctx, lin, lm, inc.score, layout_makespan(inc.score) - 2 * slack, slack, region_budget,
-                                            tables, min_layers, max_layers)
+            lp_bound, proven = region_bound(ctx, lin, lm, inc.score, goal, slack, region_budget,
+                                            tables, min_layers, max_layers, below_goal)
             if lp_bound is not None:
                 bound = max(bound, lp_bound)
         if split_fraction is None:  # see the docstring: where it was measured to certify

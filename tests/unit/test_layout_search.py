@@ -1428,6 +1428,33 @@ def test_lp_region_bound_holds_for_every_layout(tmp_path, pp, vp, layers):
         assert bounds[0] >= order[0] * (1 - 1e-9)
 
 
+def test_the_region_lp_is_skipped_where_a_layout_that_breaks_the_memory_beats_the_goal(tmp_path, monkeypatch):
+    """At 5,000 MiB the fastest layout of the 9-layer model (pp 4 x vp 2) does not fit, and 28
+    of the 11,440 do. Given it as a seed, the search knows a layout below any goal that fitting
+    layouts can reach; the region holds every layout below the goal with memory relaxed, and
+    the LP's value at it is at most its makespan, so the LP cannot certify and region_bound is
+    not called. The search still returns the enumerated optimum of the layouts that fit."""
+    import numpy as np
+
+    from costmodel.stage_layout import StageLayout
+    from optimizer import layout_search
+    from optimizer.layout_linear import LinearLayouts
+
+    ctx = dense_context(tmp_path, 4, 2, 9, memory_mib=5000)
+    lin = LinearLayouts(ctx)
+    decoders, makespans = graph_makespans(ctx)
+    fits = lin.fits(lin.run_counts(decoders))
+    assert 0 < fits.sum() < 100 and not fits[np.argmin(makespans)]
+    fastest = StageLayout(pp=4, vp=2, decoders=tuple(int(x) for x in decoders[np.argmin(makespans)]), mtp=ctx.mtp_on_last)
+    calls = []
+    real = layout_search.region_bound
+    monkeypatch.setattr(layout_search, "region_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sol = layout_search.solve_layout(ctx, 10.0, 2, seeds=(fastest,))
+    assert sol.fits and sol.makespan_s == pytest.approx(makespans[fits].min(), rel=1e-9)
+    assert sol.makespan_s > makespans.min() * (1 + 1e-6)
+    assert not calls
+
+
 def test_lp_region_bound_needs_one_kind(tmp_path):
     """With two kinds of layers (dense then MoE) the LP would lose their order: no bound."""
     from optimizer.layout_bounds import RankRegion, lp_region_bound
