@@ -9,6 +9,8 @@ import sys
 import pytest
 import yaml
 
+from conftest import sigint_as_in_a_terminal
+
 VALID = {
     "model": "llama3.1-8b",
     "hardware": "h100-sxm",
@@ -376,7 +378,7 @@ def test_ctrl_c_of_a_process():
 
     child = subprocess.Popen([sys.executable, "-c", "import sys, time; from mofa.cli import main; import mofa.commands.evaluate as e; "
                               "e.run = lambda a: (print('running', flush=True), time.sleep(60)); sys.exit(main(['evaluate', 'x.yaml']))"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)
     assert child.stdout.readline() == "running\n"
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
@@ -416,7 +418,7 @@ def test_ctrl_c_after_a_cp_sat_solve_is_still_python_s(stops_search):
             f"assert solve(cp_solver(1.0, ctrl_c_stops_search={stops_search}), m) == cp_model.OPTIMAL\n"
             "try:\n    os.kill(os.getpid(), signal.SIGINT); time.sleep(5); print('no interrupt')\n"
             "except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n")
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=sigint_as_in_a_terminal)
     assert child.returncode == 0 and child.stdout == "KeyboardInterrupt\n", (child.returncode, child.stdout, child.stderr)
 
 

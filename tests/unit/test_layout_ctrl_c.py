@@ -21,6 +21,7 @@ from optimizer.layout_rounds import memo_scorer, round_below
 from optimizer.layout_search import solve_layout, two_phase
 from optimizer.layout_vee import vee_layout_search, vee_rounds
 
+from conftest import sigint_as_in_a_terminal
 from test_layout_search import best_by_enumeration, context
 
 
@@ -126,7 +127,7 @@ def test_a_ctrl_c_stops_a_running_solve_at_once():
         "    status = solve(cp_solver(60.0, 1), m); print('ended', status, round(time.perf_counter() - t0))\n"
         "except KeyboardInterrupt:\n"
         "    print('KeyboardInterrupt after', round(time.perf_counter() - t0))\n")
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, preexec_fn=sigint_as_in_a_terminal)
     assert child.returncode == 0, child.stderr
     what, seconds = child.stdout.rsplit(" ", 1)
     assert what == "KeyboardInterrupt after" and int(seconds) < 30, child.stdout
@@ -155,7 +156,8 @@ def test_a_ctrl_c_stops_both_round_seed_solves():
         "    time.sleep(0.2)\n"
         "    print('KeyboardInterrupt', threading.active_count(), round(time.perf_counter() - t0))\n")
     root = Path(__file__).resolve().parents[2]
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root,
+                           preexec_fn=sigint_as_in_a_terminal)
     assert child.returncode == 0, child.stderr
     what, threads, seconds = child.stdout.split()
     assert what == "KeyboardInterrupt" and int(threads) == 1 and int(seconds) < 30, child.stdout
