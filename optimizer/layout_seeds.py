@@ -214,13 +214,13 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     fewer N for every stage: r_s = min(N, layers_s), Megatron's one --recompute-num-layers;
     `fixed_level`: that N, kept, so that only layers move),
     screened by the linear memory test, scored in batches of `batch` on the schedule graph; the best
-    improving move of the first batch that has one is taken (a batch of 128 costs about 1.5x one
-    of 64 on Llama 3 405B's 4,096-op graph, whose 286 levels' per-call overhead dominates, and
-    takes the best of twice the moves: from the four starts of its cp 1 search the descents
-    converge in 7.2 s against 9.8 s, under ZeRO-2 in 7.3 s against 10.5 s and with offload in
-    15.3 s against 18.4 s, to the same or better ends; within the search's 10 s, ZeRO-2's
-    answer 7.45-7.70 -> 6.99 s and offload's 8.09 -> 7.81 s) (improving: a shorter makespan, or
-    the same and a smaller sum of op ends). A layer move keeps the stages' recompute counts, clipped to their layers. A start
+    improving move of the first batch that has one is taken (improving: a shorter makespan, or
+    the same and a smaller sum of op ends). A batch of 128 costs about 1.5x one of 64 on Llama 3
+    405B's 4,096-op graph, whose 286 levels' per-call overhead dominates, and takes the best of
+    twice the moves: from the four starts of its cp 1 search the descents converge in 7.2 s
+    against 9.8 s, under ZeRO-2 in 7.3 s against 10.5 s and with offload in 15.3 s against
+    18.4 s, to the same or better ends (within the search's 10 s, ZeRO-2's answer 7.45-7.70 ->
+    6.99 s and offload's 8.09 -> 7.81 s in standalone runs). A layer move keeps the stages' recompute counts, clipped to their layers. A start
     that does not fit is first repaired (least memory over the capacity, summed over ranks).
     Returns the best layout's decoder counts, its makespan, the longest paths of the layouts it
     moved through and of the best neighbours of the last one (cuts that are tight near the
