@@ -440,6 +440,11 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
     return out, share * e_max / TIME_SCALE, err
 
 
+def in_space(decoders, min_layers: int, max_layers: int | None) -> bool:
+    """Whether a layout's stages hold between min_layers and max_layers decoder layers."""
+    return min(decoders) >= min_layers and (max_layers is None or max(decoders) <= max_layers)
+
+
 def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: Incumbent, score_of, seeds: tuple[StageLayout, ...],
                   time_limit_s: float, min_layers: int, max_layers: int | None, chunk_spread: int | None,
                   graph: bool) -> tuple[tuple[StageLayout, ...], tuple[StageLayout, ...], StageLayout | None]:
@@ -466,8 +471,8 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
                                     for seed in seeds if seed.stages == stages) if x is not None)
         seeds = tuple(dict.fromkeys(own_n + least_n))
         if not graph:  # and the layouts that pack each rank's layers into its last chunks, N = 1 and 2
-            packed = (seed for seed in packed_seeds(ctx, (1, 2)) if min(seed.decoders) >= min_layers
-                      and (max_layers is None or max(seed.decoders) <= max_layers) and (chunk_spread is None or regular(seed, chunk_spread)))
+            packed = (seed for seed in packed_seeds(ctx, (1, 2))
+                      if in_space(seed.decoders, min_layers, max_layers) and (chunk_spread is None or regular(seed, chunk_spread)))
             seeds = tuple(dict.fromkeys(seeds + tuple(packed)))
     if recompute and level is None:
         # each seed also with the fewest recomputed layers that make it fit (fewest_recompute);
@@ -526,11 +531,6 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
             inc.offer(seed, score)
         seeds = seeds + starts
     return seeds, starts, zero_start
-
-
-def in_space(decoders, min_layers: int, max_layers: int | None) -> bool:
-    """Whether a layout's stages hold between min_layers and max_layers decoder layers."""
-    return min(decoders) >= min_layers and (max_layers is None or max(decoders) <= max_layers)
 
 
 def region_bound(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, incumbent, goal_s: float, slack_s: float, budget_s: float,
