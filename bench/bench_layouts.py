@@ -144,6 +144,7 @@ BOUND_NOTES = {
     "work": " (the work bound: no CP-SAT round proved more)",
     "recompute-split": " (proven by recompute as a yes/no per rank: a rank that recomputes is over its memory without it)",
     "relaxed": " (proven by the search's model without the per-stage jumps, relaxed_bound: the jumps along a path are the gap)",
+    "rank-totals": " (the ranks' integer layer totals under busy time, order and memory, rank_totals_bound: no CP-SAT round proved more)",
     "levels": (" (every N >= 1 ruled out by the ranks' busy time with a recomputed layer per chunk; the layouts without "
                "recompute by the search without recompute)"),
     "level-work": " (the ranks' busy time under one N, least over the N: no CP-SAT round proved more)",

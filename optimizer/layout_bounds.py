@@ -16,7 +16,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from costmodel.stage_layout import LayoutContext, StageLayout, unit_costs
+from costmodel.stage_layout import LayoutContext, StageLayout, stage_ranks, unit_costs
 from optimizer import cp_solver
 from optimizer.layout_linear import BYTE_SCALE, LinearLayouts, least_recompute_var, over_capacity_without_recompute
 from optimizer.layout_rounds import Answers, answers_by, TIME_SCALE, clipped_prefix, path_sum, round_solver, run_count_vars
@@ -457,7 +457,8 @@ class RankRegion:
 
 
 def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | None" = None,
-                      time_limit_s: float = 1.0, tables=None, feasibility_only: bool = False) -> RankRegion | None:
+                      time_limit_s: float = 1.0, tables=None, feasibility_only: bool = False,
+                      spread: int | None = None, memory: bool = False) -> RankRegion | None:
     """The integer consequences of a makespan below `below_s`: None where no layout has one,
     else per rank the least and most decoder layers and the most on stage 0, proven on a small
     CP-SAT model of the ranks' integer layer totals (kinds apart, their order, recompute and
@@ -486,6 +487,13 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
 
     With `tables` (least_recompute's, per rank; one kind of layer) a rank's work also counts
     the recompute its layer total forces: every layout that fits recomputes at least that.
+    With `memory`, each rank's memory in its kind totals (LinearLayouts.rank_total_rows, below
+    its peak in every layout without recompute whose chunks differ by at most `spread` layers
+    on a rank), and where `spread` is set, that the first kind-run's layers come first: a rank
+    holds at most those the stages before its first one leave, each holding at least the least
+    chunk its rank's total allows. Ranks that cannot hold their share push layers onto others
+    (DeepSeek-V3 on pp 16 x vp 2 under FSDP, regular layouts: rank 2 holds at most 3 MoE layers,
+    a dense one only where ranks 0 and 1 hold fewer).
 
     Integrality is what the bound gains: Llama 3 405B on pp 16 x vp 8 (126 layers) keeps ranks
     of 8 layers (ceil(126 / 16)), and the 14 that must hold 8 cannot all start early, which
@@ -523,6 +531,37 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         if tables is not None and rec > 0:
             work[r] = work[r] + rec * least_recompute_var(model, total[r], tables[r], f"least{r}")
         model.Add(m * work[r] <= z)
+        rows = lin.rank_total_rows(r, spread) if memory else None
+        if rows is not None:  # costs rounded down, the capacity up: every layout that fits passes
+            kind_bytes, transient0, kind_transient, in_flight_rows = rows
+            fixed = sum(int(math.floor(kind_bytes[k] / BYTE_SCALE)) * layers[r, k] for k in kinds)
+            room = int(math.ceil(lin.capacity / BYTE_SCALE))
+            model.Add(fixed + int(math.floor(transient0 / BYTE_SCALE))
+                      + sum(int(math.floor(kind_transient[k] / BYTE_SCALE)) * layers[r, k] for k in kinds) <= room)
+            for j, (in_flight, per_kind) in enumerate(in_flight_rows):
+                table = [int(math.floor(x / BYTE_SCALE)) for x in in_flight]
+                held = model.NewIntVar(min(table), max(table), f"held{r}_{j}")
+                model.AddElement(total[r], table, held)
+                model.Add(fixed + held + sum(int(math.floor(per_kind[k] / BYTE_SCALE)) * layers[r, k] for k in kinds) <= room)
+    head_kind, _, head_end = lin.runs[0]
+    if memory and spread is not None and pp > 1 and sum(1 for kind, _, _ in lin.runs if kind == head_kind) == 1:
+        # the first run's layers (DeepSeek-V3's dense ones) come first in model order: a rank
+        # holds at most those left after the stages before its first one, each of which holds at
+        # least the least chunk its rank's total allows (ceil((T - spread (vp - 1)) / vp))
+        rank_of = np.array(stage_ranks(pp, vp, ctx.vee))
+        least_chunk = []
+        for r in range(pp):
+            low = model.NewIntVar(0, 2 * n + vp, f"chunk_low{r}")
+            model.AddDivisionEquality(low, total[r] + (vp - 1) * (1 - spread) + n * vp, vp)  # shifted by n: a non-negative numerator
+            floor = model.NewIntVar(0, n, f"chunk_floor{r}")
+            model.AddMaxEquality(floor, [low - n, 0])
+            least_chunk.append(floor)
+        for r in range(pp):
+            first_stage = int(np.flatnonzero(rank_of == r)[0])
+            before = sum(least_chunk[int(q)] for q in rank_of[:first_stage])
+            left = model.NewIntVar(0, head_end, f"head_left{r}")
+            model.AddMaxEquality(left, [head_end - before, 0])
+            model.Add(layers[r, head_kind] <= left)
     first = model.NewIntVar(0, n, "t0")  # decoder layers on stage 0
     model.Add(first <= total[0])
     if pp > 1 and chunk_segments_hold(ctx.ops, pp, vp, m):
@@ -596,6 +635,37 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
                 busy -= 1
         high.append(int(max(min(busy, n - (sum(low) - low[r]), n), low[r])))
     return RankRegion(tuple(low), tuple(high), min(stage0_high, n))
+
+
+def rank_totals_bound(ctx: LayoutContext, low_s: float, high_s: float, lin: "LinearLayouts | None" = None, time_limit_s: float = 0.5,
+                      tables=None, spread: int | None = None, tolerance: float = 1e-3) -> float | None:
+    """A makespan lower bound for every layout of the search's space (chunks within `spread`
+    on a rank) from the ranks' integer layer totals: the largest goal in [low_s, high_s) that
+    rank_order_region, with the ranks' memory, proves out of reach (its feasibility solve,
+    INFEASIBLE), by bisection to `tolerance` of high_s in `time_limit_s` (each solve a tiny
+    model, 0.2-0.5 s at most on DeepSeek-V3; one that runs out of time counts as reachable).
+    None where low_s is not
+    proven. DeepSeek-V3 on pp 16 x vp 2 under FSDP, regular layouts: the memory of ranks 0-3
+    pushes layers onto later ranks, 55.6 s (the work bound, all CP-SAT's round proved) ->
+    62.3 s; the last rank holding a layer beside the head and MTP, which costs the regular
+    layouts their speed, is a path's argument, not the ranks' (76.5 s against 72.8 s)."""
+    lin = lin or LinearLayouts(ctx)
+    start = time.perf_counter()
+
+    def out_of_reach(goal_s: float) -> bool:
+        left = time_limit_s - (time.perf_counter() - start)
+        return left > 0 and rank_order_region(ctx, goal_s, lin, time_limit_s=min(left, 0.25), tables=tables,
+                                              feasibility_only=True, spread=spread, memory=True) is None
+
+    if not out_of_reach(low_s):
+        return None
+    while high_s - low_s > tolerance * high_s and time.perf_counter() - start < time_limit_s:
+        middle = 0.5 * (low_s + high_s)
+        if out_of_reach(middle):
+            low_s = middle
+        else:
+            high_s = middle
+    return low_s
 
 
 def _least_in_region(cost: np.ndarray, region: RankRegion, low: np.ndarray, cap: np.ndarray, n: int) -> float:

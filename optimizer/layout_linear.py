@@ -692,6 +692,66 @@ class LinearLayouts:
                     out[s] = min(out[s], max(int(math.floor((self.capacity - base0) / per_layer)), 0))
         return out
 
+    def rank_total_rows(self, rank: int, spread: int | None = None) -> tuple[np.ndarray, float, np.ndarray, list] | None:
+        """A rank's memory in its per-kind layer totals alone, below its peak in every layout
+        (without recompute) whose chunks on the rank differ by at most `spread` layers (None:
+        any): (fixed bytes per layer of each kind [kind], the transient row's constant and
+        [kind] per layer, and in-flight rows, each ([n] bytes at a total of n layers, [kind]
+        bytes per layer of each kind); the constants hold the rank's fixed bytes base_0). The
+        rank fits only where
+            fixed . totals + transient_0 + transient . totals <= capacity, and for every row
+            fixed . totals + in_flight[n] + per_kind . totals <= capacity.
+        rank_rows' terms, the largest layer's bytes and those in transit (>= 0) left out. An
+        in-flight vector h holds sum_c h_c sum_k act_k t_ck of activations (t_ck: chunk c's
+        layers of kind k), at least G_h(n) = the least sum_c h_c t_c over the chunk counts the
+        spread allows (the layers where h holds the fewest micro-batches) and at most h_max per
+        layer, so it is at least act_max G_h(n) - sum_k (act_max - act_k) h_max n_k (exact where
+        the rank holds only the costliest kind, as DeepSeek-V3's MoE ranks) and at least
+        act_min G_h(n) + sum_k (act_k - act_min) h_min n_k. None where a kind's fixed bytes
+        are negative (a layer could then lower the peak) or the skeleton recomputes (its tables
+        price that)."""
+        if self.recompute:
+            return None
+        base0, base, trans0, trans, head, chunk_act = self.memory[rank]
+        kinds = sorted(set(self.kind_of_run.tolist()))
+        if min(float(base[k]) for k in kinds) < 0:
+            return None
+        vp, n_layers = self.ctx.vp, len(self.ctx.kind_of_layer)
+        act = np.zeros(len(self.ctx.kinds))
+        act[kinds] = np.maximum(self.u["kind_activation"][kinds], 0.0)
+        act_low, act_high = float(act[kinds].min()), float(act[kinds].max())
+        held = np.asarray(self.ctx.held[rank], dtype=float)  # [vectors, chunk]
+        fill = np.sort(held, axis=1)  # each vector's chunks, fewest micro-batches first
+        total = fill.sum(axis=1)
+        cap = n_layers if spread is None else spread
+        least = np.full((len(held), n_layers + 1), np.inf)  # G_h(n)
+        for n in range(n_layers + 1):
+            # each chunk holds a..a + cap layers; the n - vp a above the floor go where the
+            # vector holds the fewest micro-batches, up to cap each
+            for a in range(0, n // vp + 1):
+                extra = n - vp * a
+                if extra > vp * cap:
+                    continue
+                full, part = divmod(extra, cap) if cap else (0, 0)
+                value = a * total + cap * fill[:, :full].sum(axis=1) + (part * fill[:, full] if full < vp else 0.0)
+                least[:, n] = np.minimum(least[:, n], value)
+        scale = 1 + self.frag
+        constant = base0 + scale * ((held @ chunk_act) + head)  # [vectors]
+        mask = np.zeros(len(self.ctx.kinds), dtype=bool)
+        mask[kinds] = True
+        rows = {}  # per-kind coefficients -> the most in-flight bytes at each total
+        for h, g, c in zip(held, least, constant):
+            forms = [(act_high * g, -(act_high - act) * h.max())]
+            if act_low < act_high:
+                forms.append((act_low * g, (act - act_low) * h.min()))
+            for table, per_kind in forms:
+                key = tuple(np.where(mask, scale * per_kind, 0.0))
+                value = c + scale * table
+                rows[key] = np.maximum(rows[key], value) if key in rows else value
+        kind_bytes = np.where(mask, base, 0.0)
+        kind_transient = np.where(mask, scale * trans, 0.0)
+        return kind_bytes, float(base0 + scale * trans0), kind_transient, [(table, np.array(key)) for key, table in rows.items()]
+
     def headroom(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""
         return np.stack([self.capacity - rows.max(axis=1) for rows in self.rank_rows(counts, recomputed)], axis=1)

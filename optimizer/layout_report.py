@@ -95,6 +95,10 @@ _BOUND_NOTES = {
                         "capacity without it and pays at least one recomputed layer), for every layout and recompute vector"),
     "rank-lp": ("proven by the integer rank totals a faster layout needs (rank_order_region) and the schedule graph's LP "
                 "relaxation within them (lp_region_bound), for every layout of the skeleton"),
+    "relaxed": ("proven by the search's model without what a stage pays for holding a layer (relaxed_bound: ZeRO-3's "
+                "first gather, the gradient windows), for every layout of the skeleton; the jumps along a path are the gap"),
+    "rank-totals": ("no CP-SAT round proved more in time: the ranks' integer layer totals under their busy time, order and "
+                    "memory (rank_totals_bound), for every layout of the search's space"),
     "per-stage": ("the search with any recompute count per stage proved it, for all its layouts: those with one "
                   "--recompute-num-layers N among them"),
     "levels": ("every --recompute-num-layers N >= 1 ruled out by the ranks' busy time (level_work_bounds: with one N every "

@@ -19,6 +19,20 @@ from optimizer.schedule_graph import schedule_graph
 
 TIME_SCALE = 1e9  # integer nanoseconds in the CP-SAT model
 
+# what can prove a LayoutSolution's lower_bound_s (layout_report's notes say each in words)
+BOUND_SOURCES = (
+    "cp-sat",  # CP-SAT over the critical-path cuts
+    "rank-lp",  # rank_order_region and lp_region_bound, before or instead of CP-SAT rounds
+    "recompute-split",  # recompute_split_bound
+    "relaxed",  # relaxed_bound: the search's model without the per-stage jumps
+    "rank-totals",  # rank_totals_bound: the ranks' integer totals under busy time, order and memory
+    "work",  # work_bound_s: nothing bounded better
+    "level-work",  # level_work_bounds, one --recompute-num-layers N
+    "levels",  # every N >= 1 ruled out, the rest by the search without recompute
+    "per-stage", "free", "enumerated",  # layout_report's: a wider search's bound, or every layout scored
+    "vee-cp-sat", "vee-rank", "vee-work",  # DualPipeV's (layout_vee)
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class LayoutSolution:
@@ -34,13 +48,15 @@ class LayoutSolution:
     solve_s: float
     fits: bool
     rounds: int  # CP-SAT solves (one per critical path added)
-    # what proved lower_bound_s: "cp-sat"; "rank-lp" (rank_order_region and lp_region_bound, before
-    # or instead of CP-SAT rounds); "recompute-split" (recompute_split_bound); or "work"
-    # (work_bound_s: nothing bounded better)
+    # what proved lower_bound_s: one of BOUND_SOURCES
     bound_source: str = "cp-sat"
     # Ctrl-C ended the search: the best layout found so far and the bound proven by then
     # (as a time limit would end it)
     interrupted: bool = False
+
+    def __post_init__(self):
+        if self.bound_source not in BOUND_SOURCES:  # a report must be able to say what proved the bound
+            raise ValueError(f"unknown bound source {self.bound_source!r}")
 
     @property
     def gap(self) -> float:

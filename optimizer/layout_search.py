@@ -49,6 +49,7 @@ from optimizer.layout_bounds import (
     level_range,
     lp_region_bound,
     rank_order_region,
+    rank_totals_bound,
     recompute_split_bound,
     recomputing_ranks,
     split_slack,
@@ -793,6 +794,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     lp_bound = None  # what rank_order_region and lp_region_bound proved, for every layout
     split_bound = None  # what recompute_split_bound proved, for every layout and recompute vector
     relaxed_floor = None  # what relaxed_bound proved, for every layout
+    totals_floor = None  # what rank_totals_bound proved, for every layout of the search's space
     interrupted = False
     try:  # Ctrl-C from here on: the incumbent and the bound proven so far, as a time limit would
         # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
@@ -881,6 +883,16 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             if rank_order_region(ctx, goal, lin, time_limit_s=0.05, tables=tables, feasibility_only=True) is None:
                 lp_bound, proven = goal, True
                 bound = max(bound, goal)
+        if refine and inc.layout is not None and not graph and len(runs) > 1 and not proven:
+            # several kinds, where the region's LP does not run: the ranks' integer totals under
+            # busy time, order and memory (rank_totals_bound), a floor for the rounds (z >= it)
+            # and the reported bound where they prove less
+            goal = layout_makespan(inc.score) - 2 * slack
+            floor_s = rank_totals_bound(ctx, max(bound, work_bound_s(ctx, lin) - slack), goal, lin, min(1.0, 0.1 * time_limit_s),
+                                        tables, chunk_spread)
+            if floor_s is not None and floor_s > bound:
+                totals_floor = bound = floor_s
+                model.Add(z >= int(math.floor(floor_s * TIME_SCALE)))
         relax_budget = relax_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
         if refine and inc.layout is not None and not graph and level is None and relax_budget >= 0.5 and not proven and lin.without_stage_jumps() is not None:
             # the model without the per-stage jumps (relaxed_bound): its rounds close where the
@@ -1027,7 +1039,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         paths.update(cuts)
     makespan = layout_makespan(inc.score)
     source = ("rank-lp" if lp_bound is not None and bound <= lp_bound else "recompute-split" if split_bound is not None and bound <= split_bound
-              else "relaxed" if relaxed_floor is not None and bound <= relaxed_floor else "cp-sat")
+              else "relaxed" if relaxed_floor is not None and bound <= relaxed_floor
+              else "rank-totals" if totals_floor is not None and bound <= totals_floor else "cp-sat")
     if not proven:
         floor = work_bound_s(ctx, lin) - slack
         if floor > bound:

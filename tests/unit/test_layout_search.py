@@ -376,6 +376,51 @@ def test_relaxed_bound_holds_for_every_layout(tmp_path, columns):
     assert bound >= float(plain.screen(vectors).makespan_s.min()) - 2 * slack - 1e-12
 
 
+@SHARDINGS
+def test_rank_totals_bound_holds_for_every_layout(tmp_path, columns):
+    """LinearLayouts.rank_total_rows stays below every rank's peak (the linear rows') in every
+    layout, regular and free (every layout of DeepSeek-V3's kinds, 3 dense then 4 MoE, on
+    pp 2 x vp 2 enumerated), and rank_totals_bound, with the ranks' memory and the dense
+    layers first, proves no more than the fastest layout of its space that fits (the GPU at
+    the median layout's peak), and at least the work bound."""
+    import numpy as np
+
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_bounds import rank_totals_bound, work_bound_s
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_rounds import regular
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
+    roomy = layout_context(load_problem(str(path), []), cfg)
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy))
+    ctx = layout_context(load_problem(str(path), [f"hardware.memory_mib={int(peaks[len(peaks) // 2] / 2**20)}"]), cfg)
+    lin = LinearLayouts(ctx)
+    scored = list(enumerate_layouts(ctx))
+    vectors = np.array([layout.decoders + layout.recompute for layout, _ in scored])
+    counts = lin.layout_counts(vectors)[0]  # [layout, stage, run]
+    fits = lin.fits(counts)
+    row_peaks = np.stack([rows.max(axis=1) for rows in lin.rank_rows(counts)], axis=1)  # [layout, rank]
+    kinds = np.zeros((len(scored), ctx.pp, len(ctx.kinds)))
+    for r in range(ctx.pp):
+        np.add.at(kinds[:, r].T, lin.kind_of_run, counts[:, ctx.stages_of[r], :].sum(axis=1).T)
+    makespans = np.array([score.pipeline_s - score.pp_exposed_s for _, score in scored])
+    is_regular = np.array([regular(layout, 1) for layout, _ in scored])
+    work = work_bound_s(ctx, lin)
+    for spread, space in ((None, np.ones(len(scored), dtype=bool)), (1, is_regular)):
+        for r in range(ctx.pp):
+            fixed, transient0, transient, in_flight = lin.rank_total_rows(r, spread)
+            mine = kinds[space, r]
+            least = mine @ fixed + np.max([transient0 + mine @ transient]
+                                          + [table[mine.sum(axis=1).astype(int)] + mine @ per_kind for table, per_kind in in_flight], axis=0)
+            assert (least <= row_peaks[space, r] * (1 + 1e-12)).all()
+        best = float(makespans[space & fits].min())
+        found = rank_totals_bound(ctx, work * (1 - 1e-6), float(makespans.max()), lin, time_limit_s=5.0, spread=spread)
+        assert found is not None and work * (1 - 1e-6) <= found <= best * (1 + 1e-9)
+
+
 def test_torchtitan_pipeline_buffers_are_searched():
     """torchtitan's PyTorch pipelining keeps buffers per micro-batch, which the ledger prices on
     its in-flight count (held bytes over the rank's mean chunk, not linear in the counts), so
@@ -1875,3 +1920,18 @@ def test_the_step_floor_leaves_memory_out_where_the_linear_model_does_not_hold()
     plain = step_overhead_floor_s(ctx)
     busy = LayoutSolution(own_layout(ctx), 12.0 + 2 * plain + 1.0, 12.0, 12.0, 12.0, True, 0.0, True, 0)
     assert step_floor_s(ctx, [busy]) == plain
+
+
+def test_every_bound_source_has_a_note():
+    """Whatever proved a layout's bound, the report says it in words (layout_report's notes);
+    a source the notes lack once raised a KeyError in `mofa solve --pipeline-layouts` where
+    relaxed_bound proved the bound (ZeRO-2/3 skeletons), and LayoutSolution now refuses one."""
+    import dataclasses
+
+    from optimizer.layout_report import _BOUND_NOTES
+    from optimizer.layout_rounds import BOUND_SOURCES, LayoutSolution
+
+    assert set(BOUND_SOURCES) <= set(_BOUND_NOTES)
+    solution = LayoutSolution(None, 1.0, 1.0, 1.0, 1.0, True, 0.0, True, 0)
+    with pytest.raises(ValueError, match="unknown bound source"):
+        dataclasses.replace(solution, bound_source="guess")
