@@ -704,12 +704,20 @@ class LinearLayouts:
         rank_rows' terms, the largest layer's bytes and those in transit (>= 0) left out. An
         in-flight vector h holds sum_c h_c sum_k act_k t_ck of activations (t_ck: chunk c's
         layers of kind k), at least G_h(n) = the least sum_c h_c t_c over the chunk counts the
-        spread allows (the layers where h holds the fewest micro-batches) and at most h_max per
-        layer, so it is at least act_max G_h(n) - sum_k (act_max - act_k) h_max n_k (exact where
-        the rank holds only the costliest kind, as DeepSeek-V3's MoE ranks) and at least
-        act_min G_h(n) + sum_k (act_k - act_min) h_min n_k. None where a kind's fixed bytes
+        spread allows (the layers where h holds the fewest micro-batches) and between h_min and
+        h_max per layer, so it is at least act_max G_h(n) - sum_k (act_max - act_k) h_max n_k
+        (exact where the rank holds only the costliest kind, as DeepSeek-V3's
+        MoE ranks) and at least act_min G_h(n) + sum_k (act_k - act_min) h_min n_k: a row per
+        vector and form, less those another's dominates. None where a kind's fixed bytes
         are negative (a layer could then lower the peak) or the skeleton recomputes (its tables
         price that)."""
+        cache = self.__dict__.setdefault("_total_rows_cache", {})  # the same rows for every goal of a bisection
+        if (rank, spread) not in cache:
+            cache[rank, spread] = self._rank_total_rows(rank, spread)
+        return cache[rank, spread]
+
+    def _rank_total_rows(self, rank: int, spread: int | None) -> tuple[np.ndarray, float, np.ndarray, list] | None:
+        """rank_total_rows, computed."""
         if self.recompute:
             return None
         base0, base, trans0, trans, head, chunk_act = self.memory[rank]
@@ -739,18 +747,22 @@ class LinearLayouts:
         constant = base0 + scale * ((held @ chunk_act) + head)  # [vectors]
         mask = np.zeros(len(self.ctx.kinds), dtype=bool)
         mask[kinds] = True
-        rows = {}  # per-kind coefficients -> the most in-flight bytes at each total
-        for h, g, c in zip(held, least, constant):
-            forms = [(act_high * g, -(act_high - act) * h.max())]
-            if act_low < act_high:
-                forms.append((act_low * g, (act - act_low) * h.min()))
-            for table, per_kind in forms:
-                key = tuple(np.where(mask, scale * per_kind, 0.0))
-                value = c + scale * table
-                rows[key] = np.maximum(rows[key], value) if key in rows else value
+        forms = [(constant[:, None] + scale * act_high * least, -held.max(axis=1), -scale * (act_high - act))]
+        if act_low < act_high:
+            forms.append((constant[:, None] + scale * act_low * least, held.min(axis=1), scale * (act - act_low)))
+        rows = []
+        for tables, weights, per_kind in forms:
+            # a vector's row goes where no other's is as high at every total with as large a
+            # kinds' term (a row per vector made the rank-totals solves 3x slower on DeepSeek-V3,
+            # 288 element constraints, for the same bound)
+            for j in range(len(held)):
+                if not any((tables[i] >= tables[j]).all() and weights[i] >= weights[j] and (i < j or (tables[i] > tables[j]).any()
+                                                                                         or weights[i] > weights[j])
+                           for i in range(len(held)) if i != j):
+                    rows.append((tables[j], np.where(mask, per_kind * abs(weights[j]), 0.0)))
         kind_bytes = np.where(mask, base, 0.0)
         kind_transient = np.where(mask, scale * trans, 0.0)
-        return kind_bytes, float(base0 + scale * trans0), kind_transient, [(table, np.array(key)) for key, table in rows.items()]
+        return kind_bytes, float(base0 + scale * trans0), kind_transient, rows
 
     def headroom(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> np.ndarray:
         """[K, rank] bytes each rank's peak leaves free (negative: over the capacity)."""

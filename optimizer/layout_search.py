@@ -27,6 +27,7 @@ free ones).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from fractions import Fraction
 import time
@@ -80,6 +81,9 @@ from optimizer.layout_rounds import (
 )
 from optimizer.layout_seeds import ROUND_STARTS, fill_seed, local_search, packed_seeds, round_seed_pair
 from optimizer.schedule_graph import segment_paths
+
+
+NO_GOAL_S = 1e6  # a makespan no layout reaches: rank_order_region's feasibility then asks only whether any layout fits
 
 
 def check_searchable(ctx: LayoutContext) -> None:
@@ -448,12 +452,13 @@ def in_space(decoders, min_layers: int, max_layers: int | None) -> bool:
 
 def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: Incumbent, score_of, seeds: tuple[StageLayout, ...],
                   time_limit_s: float, min_layers: int, max_layers: int | None, chunk_spread: int | None,
-                  graph: bool) -> tuple[tuple[StageLayout, ...], tuple[StageLayout, ...], StageLayout | None]:
+                  graph: bool, make_starts=lambda: True) -> tuple[tuple[StageLayout, ...], tuple[StageLayout, ...], StageLayout | None]:
     """solve_layout's known layouts: the given seeds, with the recompute that makes them fit
     (one N where the search keeps one, lm.level), their longest paths as cuts and the best that
     fits offered to the incumbent; where none fits, starts of the search's own (round_seeds,
-    fill_seed). Returns (every seed, the starts a local search descends from where no seed fit,
-    and under one N the fastest seed that fits recomputing nothing)."""
+    fill_seed; not where `make_starts()`, asked then, is False: none would fit). Returns (every
+    seed, the starts a local search descends from where no seed fit, and under one N the
+    fastest seed that fits recomputing nothing)."""
     pp, vp = ctx.pp, ctx.vp
     stages = pp * vp
     level, recompute, cut = lm.level, ctx.recompute_allowed, lm.cut
@@ -507,7 +512,7 @@ def known_layouts(ctx: LayoutContext, lin: LinearLayouts, lm: LayoutModel, inc: 
         if score.fits and layout in graph_seeds:
             break  # the fastest graph seed that fits: the others are slower
     starts: tuple[StageLayout, ...] = ()
-    if inc.layout is None and len(runs) == 1 and level is None and not graph:
+    if inc.layout is None and len(runs) == 1 and level is None and not graph and make_starts():
         # no given layout fits: seeds whose chunk rounds are balanced under the memory rows
         # (round_seeds): every answer of two CP-SAT solves (random seeds 0 and 1 side by side, round_seed_pair, each with a
         # twentieth of the time at most), the ROUND_STARTS fastest on the schedule graph. Their
@@ -702,7 +707,19 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         return StageLayout(pp=pp, vp=vp, decoders=tuple(int(x) for x in vector[:stages]), mtp=mtp,
                            recompute=tuple(int(x) for x in vector[stages:]))
 
-    seeds, starts, zero_start = known_layouts(ctx, lin, lm, inc, score_of, seeds, time_limit_s, min_layers, max_layers, chunk_spread, graph)
+    # no regular layout fits, by the ranks' memory in their integer totals: a solve of 0.06-0.1 s
+    # where the starts for a space without a fitting seed and CP-SAT's first round took 0.8-1.5 s
+    # to say so (Llama 3 405B cp 1, plain, ZeRO-2, offload, nc 32: time two_phase's free search
+    # now gets); the seeds are still scored, the exact model having the last word
+    @functools.cache
+    def none_fits() -> bool:  # asked only where no seed fits
+        return chunk_spread is not None and rank_order_region(ctx, NO_GOAL_S, lin, time_limit_s=0.5, feasibility_only=True,
+                                                              spread=chunk_spread, memory=True) is None
+
+    seeds, starts, zero_start = known_layouts(ctx, lin, lm, inc, score_of, seeds, time_limit_s, min_layers, max_layers, chunk_spread, graph,
+                                              make_starts=lambda: not none_fits())
+    if inc.layout is None and none_fits():
+        raise LayoutError("no layout of this configuration fits the GPU memory (no rank's layer total fits its memory with the others')")
 
     nearest = None
 
@@ -883,10 +900,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             if rank_order_region(ctx, goal, lin, time_limit_s=0.05, tables=tables, feasibility_only=True) is None:
                 lp_bound, proven = goal, True
                 bound = max(bound, goal)
-        if refine and inc.layout is not None and not graph and len(runs) > 1 and not proven:
-            # several kinds, where the region's LP does not run: the ranks' integer totals under
-            # busy time, order and memory (rank_totals_bound), a floor for the rounds (z >= it)
-            # and the reported bound where they prove less
+        if refine and inc.layout is not None and not graph and len(runs) > 1 and chunk_spread is not None and not proven:
+            # regular layouts of several kinds, where the region's LP does not run: the ranks'
+            # integer totals under busy time, order and memory (rank_totals_bound), a floor for
+            # the rounds (z >= it) and the reported bound where they prove less (for free layouts
+            # the memory binds little: DeepSeek-V3 under FSDP, 57.5 s against the work bound's 55.6)
             goal = layout_makespan(inc.score) - 2 * slack
             floor_s = rank_totals_bound(ctx, max(bound, work_bound_s(ctx, lin) - slack), goal, lin, min(1.0, 0.1 * time_limit_s),
                                         tables, chunk_spread)

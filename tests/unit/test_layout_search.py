@@ -1936,3 +1936,32 @@ def test_every_bound_source_has_a_note():
     solution = LayoutSolution(None, 1.0, 1.0, 1.0, 1.0, True, 0.0, True, 0)
     with pytest.raises(ValueError, match="unknown bound source"):
         dataclasses.replace(solution, bound_source="guess")
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 39000, 38500, 38000, 36000])
+def test_no_regular_layout_fits_by_the_rank_totals(tmp_path, memory_mib):
+    """rank_order_region with the ranks' memory and no makespan goal is infeasible only where
+    no layout of its space passes the linear memory test (every layout of DeepSeek-V3's kinds
+    on pp 2 x vp 2 enumerated, regular and free); where it proves that for regular layouts,
+    solve_layout over them says no layout fits before any start or CP-SAT round; and it proves
+    it at 36000 MiB, where nothing fits."""
+    import numpy as np
+
+    from optimizer.layout_bounds import rank_order_region
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_rounds import regular
+    from optimizer.layout_search import NO_GOAL_S
+
+    ctx = context(tmp_path, 2, 2, memory_mib)
+    lin = LinearLayouts(ctx)
+    layouts = [layout for layout, _ in enumerate_layouts(ctx)]
+    fits = lin.fits(lin.layout_counts(np.array([layout.decoders + layout.recompute for layout in layouts]))[0])
+    for spread in (None, 1):
+        space = np.array([spread is None or regular(layout, spread) for layout in layouts])
+        none_fits = rank_order_region(ctx, NO_GOAL_S, lin, time_limit_s=5.0, feasibility_only=True, spread=spread, memory=True) is None
+        assert not (none_fits and (fits & space).any())
+        if memory_mib == 36000:
+            assert none_fits and not fits.any()
+        if none_fits and spread == 1:  # said by the rank totals, before any start or CP-SAT round
+            with pytest.raises(LayoutError, match="no rank's layer total fits its memory"):
+                solve_layout(ctx, time_limit_s=10, chunk_spread=1)
