@@ -640,12 +640,11 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
 def rank_totals_bound(ctx: LayoutContext, low_s: float, high_s: float, lin: "LinearLayouts | None" = None, time_limit_s: float = 0.5,
                       tables=None, spread: int | None = None, tolerance: float = 1e-3) -> float | None:
     """A makespan lower bound for every layout of the search's space (chunks within `spread`
-    on a rank) from the ranks' integer layer totals: the largest goal in [low_s, high_s) that
+    on a rank) from the ranks' integer layer totals: the largest goal in [low_s, high_s] that
     rank_order_region, with the ranks' memory, proves out of reach (its feasibility solve,
-    INFEASIBLE), by bisection to `tolerance` of high_s in `time_limit_s` (each solve a tiny
-    model, 0.2-0.5 s at most on DeepSeek-V3; one that runs out of time counts as reachable).
-    None where low_s is not
-    proven. DeepSeek-V3 on pp 16 x vp 2 under FSDP, regular layouts: the memory of ranks 0-3
+    INFEASIBLE), high_s first, then by bisection to `tolerance` of high_s in `time_limit_s`
+    (each solve a tiny model, 0.05-0.1 s on DeepSeek-V3; one that runs out of time counts as
+    reachable). None where low_s is not proven. DeepSeek-V3 on pp 16 x vp 2 under FSDP, regular layouts: the memory of ranks 0-3
     pushes layers onto later ranks, 55.6 s (the work bound, all CP-SAT's round proved) ->
     62.3 s; the last rank holding a layer beside the head and MTP, which costs the regular
     layouts their speed, is a path's argument, not the ranks' (76.5 s against 72.8 s)."""
@@ -657,15 +656,18 @@ def rank_totals_bound(ctx: LayoutContext, low_s: float, high_s: float, lin: "Lin
         return left > 0 and rank_order_region(ctx, goal_s, lin, time_limit_s=min(left, 0.25), tables=tables,
                                               feasibility_only=True, spread=spread, memory=True) is None
 
-    if not out_of_reach(low_s):
-        return None
+    if out_of_reach(high_s):  # high_s itself: it certifies an incumbent there
+        return high_s
+    proven = None  # the largest goal proven so far
     while high_s - low_s > tolerance * high_s and time.perf_counter() - start < time_limit_s:
         middle = 0.5 * (low_s + high_s)
         if out_of_reach(middle):
-            low_s = middle
+            low_s = proven = middle
         else:
             high_s = middle
-    return low_s
+    if proven is None and low_s < high_s and out_of_reach(low_s):
+        proven = low_s
+    return proven
 
 
 def _least_in_region(cost: np.ndarray, region: RankRegion, low: np.ndarray, cap: np.ndarray, n: int) -> float:
