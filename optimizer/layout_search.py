@@ -901,13 +901,16 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             if rank_order_region(ctx, goal, lin, time_limit_s=0.05, tables=tables, feasibility_only=True) is None:
                 lp_bound, proven = goal, True
                 bound = max(bound, goal)
-        if refine and inc.layout is not None and not graph and len(runs) > 1 and chunk_spread is not None and not proven:
-            # regular layouts of several kinds, where the region's LP does not run: the ranks'
-            # integer totals under busy time, order and memory (rank_totals_bound) bound them where
-            # the rounds prove less, with time kept for it at the end (run first, it slowed the
-            # rounds that certify DeepSeek-V3's regular layouts from 3.2-3.7 s to 3.6-5.2 s; for
-            # free layouts the memory binds little: DeepSeek-V3 under FSDP, 57.5 s against the
-            # work bound's 55.6)
+        if (refine and inc.layout is not None and not graph and len(runs) > 1 and chunk_spread is not None and ctx.vp > 1
+                and lin.without_stage_jumps() is not None and not proven):
+            # regular interleaved layouts of several kinds whose stages pay for holding a layer
+            # (ZeRO-3's gathers, gradient windows: the jumps' booleans stall the rounds, and the
+            # region's LP does not run): the ranks' integer totals under busy time, order and
+            # memory (rank_totals_bound) bound them where the rounds prove less, with time kept
+            # for it at the end. Not where the rounds certify: run first it slowed DeepSeek-V3's
+            # regular layouts from 3.2-3.7 s to 3.6-5.2 s, and its reserve left FSDP on 1F1B at a
+            # 0.02% gap in 10 s (certified in 7.0 s without); nor for free layouts, where the
+            # memory binds little (DeepSeek-V3 under FSDP: 57.5 s against the work bound's 55.6)
             totals_reserve_s = min(1.5, 0.15 * time_limit_s)  # CP-SAT's round overruns its time by up to 0.7 s there
         relax_budget = relax_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
         if refine and inc.layout is not None and not graph and level is None and relax_budget >= 0.5 and not proven and lin.without_stage_jumps() is not None:
