@@ -644,10 +644,11 @@ def rank_totals_bound(ctx: LayoutContext, low_s: float, high_s: float, lin: "Lin
     rank_order_region, with the ranks' memory, proves out of reach (its feasibility solve,
     INFEASIBLE), high_s first, then by bisection to `tolerance` of high_s in `time_limit_s`
     (each solve a tiny model, 0.05-0.1 s on DeepSeek-V3; one that runs out of time counts as
-    reachable). None where low_s is not proven. DeepSeek-V3 on pp 16 x vp 2 under FSDP, regular layouts: the memory of ranks 0-3
-    pushes layers onto later ranks, 55.6 s (the work bound, all CP-SAT's round proved) ->
-    62.3 s; the last rank holding a layer beside the head and MTP, which costs the regular
-    layouts their speed, is a path's argument, not the ranks' (76.5 s against 72.8 s)."""
+    reachable). None where low_s is not proven. DeepSeek-V3 on pp 16 x vp 2 under FSDP, regular
+    layouts: the memory of ranks 0-3 pushes layers onto later ranks, 55.6 s (the work bound, all
+    CP-SAT's round proved) -> 62.3 s; the last rank holding a layer beside the head and MTP,
+    which costs the regular layouts their speed, is a path's argument, not the ranks' (76.5 s
+    against 72.8 s)."""
     lin = lin or LinearLayouts(ctx)
     start = time.perf_counter()
 
