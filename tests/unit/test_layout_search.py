@@ -336,6 +336,20 @@ def test_gradient_windows_with_moe_layers_are_searched_and_match_enumeration(tmp
     assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
 
 
+def median_memory_context(tmp_path, columns):
+    """The tiny DeepSeek-V3 (3 dense, 4 MoE layers) on pp 2 x vp 2, interleaved, under the
+    sharding `columns`, with the GPU at the median layout's peak (so memory binds on half)."""
+    from costmodel.specs import PP_SCHEDULES
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4,
+                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
+    roomy = layout_context(load_problem(str(path), []), cfg)
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy))
+    return layout_context(load_problem(str(path), [f"hardware.memory_mib={int(peaks[len(peaks) // 2] / 2**20)}"]), cfg)
+
+
 @SHARDINGS
 def test_relaxed_bound_holds_for_every_layout(tmp_path, columns):
     """The search's model without what a stage pays for holding a layer (ZeRO-3's exposed first
@@ -348,17 +362,10 @@ def test_relaxed_bound_holds_for_every_layout(tmp_path, columns):
     LinearLayouts.most_layers per stage (what bounds the gather tables' index domains)."""
     import numpy as np
 
-    from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
     from optimizer.layout_search import build_layout_model, model_slack_s, relaxed_bound
 
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4,
-                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
-    roomy = layout_context(load_problem(str(path), []), cfg)
-    peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy))
-    ctx = layout_context(load_problem(str(path), [f"hardware.memory_mib={int(peaks[len(peaks) // 2] / 2**20)}"]), cfg)
+    ctx = median_memory_context(tmp_path, columns)
     lin = LinearLayouts(ctx)
     plain = lin.without_stage_jumps()
     scored = [(layout, score) for layout, score in enumerate_layouts(ctx) if score.fits]
@@ -385,18 +392,11 @@ def test_rank_totals_bound_holds_for_every_layout(tmp_path, columns):
     the median layout's peak), and at least the work bound."""
     import numpy as np
 
-    from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_bounds import rank_totals_bound, work_bound_s
     from optimizer.layout_linear import LinearLayouts
     from optimizer.layout_rounds import regular
 
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4,
-                                   pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"), **columns)
-    roomy = layout_context(load_problem(str(path), []), cfg)
-    peaks = sorted(float(score.peak_bytes.max()) for _, score in enumerate_layouts(roomy))
-    ctx = layout_context(load_problem(str(path), [f"hardware.memory_mib={int(peaks[len(peaks) // 2] / 2**20)}"]), cfg)
+    ctx = median_memory_context(tmp_path, columns)
     lin = LinearLayouts(ctx)
     scored = list(enumerate_layouts(ctx))
     vectors = np.array([layout.decoders + layout.recompute for layout, _ in scored])
