@@ -189,8 +189,12 @@ def anneal(ctx, layout, level: int | None, seconds: float, seed: int = 0, temper
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="per column generation and per annealing run")
+    parser.add_argument("--memory-cases", action="store_true",
+                        help="also cp 1 under ZeRO-2 and with activation offload (bench_layouts' memory-bound cases)")
     args = parser.parse_args()
     chosen = {"tp8 cp1 pp16 vp8": None, "tp8 cp1 pp16 vp8, per-chunk recompute": 1}  # case name ending: one N, or no recompute
+    if args.memory_cases:
+        chosen = {"tp8 cp1 pp16 vp8, ZeRO-2": None, "tp8 cp1 pp16 vp8, offload of core_attn and attn_proj": None}
     for name, problem, cfg, _ in cases():
         ending = [key for key in chosen if name.endswith(key)]
         if not ending:

@@ -79,7 +79,7 @@ from optimizer.layout_rounds import (
     round_solver,
     run_count_vars,
 )
-from optimizer.layout_seeds import ROUND_STARTS, fill_seed, local_search, packed_seeds, round_seed_pair
+from optimizer.layout_seeds import ROUND_STARTS, anneal, fill_seed, local_search, packed_seeds, round_seed_pair
 from optimizer.schedule_graph import segment_paths
 
 
@@ -583,7 +583,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
                  scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75,
                  split_fraction: float | None = None, rank_tables: bool = True, table_cache: dict | None = None,
-                 relax_fraction: float = 0.4) -> LayoutSolution:
+                 relax_fraction: float = 0.4, anneal_fraction: float = 0.25) -> LayoutSolution:
     """The layout minimising the simulated pipeline makespan of `ctx`'s skeleton under every
     rank's memory (MTP modules on the last stage; `min_layers`: the least decoder layers per
     stage). The step adds the exposed P2P (the skeleton's) and the busiest rank's DP reduce and
@@ -660,6 +660,11 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     rest. The bound reported is the best of CP-SAT's, the region LP's and work_bound_s
     (bound_source says which): a search whose CP-SAT rounds prove nothing in time still
     carries a proven gap.
+    anneal_fraction: where no seed fits (the descents from round_seeds' starts) and no two descents
+    ended in the same best layout, at most this share of the limit (and 35% of the time left: the
+    rounds need the rest for a bound; half left ZeRO-2's at the work bound in two runs of three)
+    goes to annealing from the incumbent (layout_seeds.anneal) before the rounds, and a descent
+    from what it finds.
     relax_fraction: the share of the time left after the local search given to relaxed_bound
     (skeletons whose stages pay for holding a layer: ZeRO-3's first gather, the gather tables,
     the gradient windows; with an incumbent): the model without those jumps, whose rounds close
@@ -722,6 +727,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         raise LayoutError("no layout of this configuration fits the GPU memory (no rank's layer total fits its memory with the others')")
 
     nearest = None
+    descent_ends = []  # the makespan each descent ended at
 
     def descend(layout, budget_s):
         """Local search from a layout (repaired first where it does not fit): a better
@@ -730,9 +736,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         nonlocal nearest
         if not local or budget_s <= 0:
             return
-        decoders, _, paths, recomputed = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
+        decoders, end_s, paths, recomputed = local_search(ctx, layout.decoders, budget_s, lin=lin, spread=chunk_spread, min_layers=min_layers,
                                                       max_layers=max_layers, neighbour_paths=neighbour_paths, start_recompute=layout.recompute,
                                                       uniform_recompute=level is not None)
+        descent_ends.append(end_s)
         for n_f, n_b in paths:
             cut(n_f, n_b)
         found = make(decoders + recomputed)
@@ -822,6 +829,20 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if starts:  # the local search from each (the better start is not the better end)
             for seed in starts:
                 descend(seed, local_s)
+            same_end = sum(abs(x - min(descent_ends)) <= 1e-9 * min(descent_ends) for x in descent_ends)
+            if local and inc.layout is not None and anneal_fraction > 0 and same_end < 2:
+                # no given layout fits: memory binds, and the descents can end on a plateau that
+                # moves of equal makespan cross, or behind a slightly slower layout (anneal); its
+                # best is descended from (the exact model confirming it, its neighbours' paths the
+                # cuts there). Not where two descents ended in the best layout's basin (Llama 3
+                # 405B cp 1 alone, nc 32: their rounds keep the time). Llama 3 405B cp 1, free
+                # layouts, 10 s, the anneal ~1.2-1.5 s of it after the four descents, each ended
+                # elsewhere: with offload 7.81 -> 7.38-7.50 s, under ZeRO-2 6.99 -> 6.91 s
+                share_s = min(anneal_fraction * time_limit_s, 0.35 * max(time_limit_s - (time.perf_counter() - start), 0.0))
+                decoders, _, recomputed = anneal(ctx, inc.layout.decoders, inc.layout.recompute, share_s, lin=lin, spread=chunk_spread,
+                                                 min_layers=min_layers, max_layers=max_layers, uniform_recompute=level is not None)
+                if decoders + recomputed != inc.layout.decoders + inc.layout.recompute:  # it found a shorter one
+                    descend(make(decoders + recomputed), local_s)
         elif inc.layout is not None:
             for seed in ([zero_start] if zero_start is not None and zero_start != inc.layout else []) + [inc.layout]:
                 descend(seed, local_s)

@@ -423,3 +423,94 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                 paths.extend(zip(*graph.paths(*lin.pass_times(*measure(near[i:i + batch])))))
             break
     return tuple(int(x) for x in current[:stages]), value, paths, tuple(int(x) for x in current[stages:])
+
+
+def anneal(ctx: LayoutContext, start: tuple[int, ...], start_recompute: tuple[int, ...], time_limit_s: float,
+           lin: LinearLayouts | None = None, spread: int | None = None, min_layers: int = 0, max_layers: int | None = None,
+           uniform_recompute: bool = False, batch: int = 64, proposals: int = 4, temperature: float = 0.003,
+           seed: int = 0, steps: int | None = None, chains: int = 4) -> tuple[tuple[int, ...], float, tuple[int, ...]]:
+    """Simulated annealing over single-layer moves from a layout (the local search's local
+    optimum), where the descent is stuck, in `chains` chains scored together. Each step draws,
+    per chain, `proposals` x batch / chains random moves of one layer from a stage holding one
+    to any other stage (a stage's recompute clipped to its layers, or min(N, layers) with
+    `uniform_recompute`; min_layers, max_layers and the chunk `spread` kept), keeps the first
+    batch / chains that pass the linear memory test, scores every chain's at once on the schedule
+    graph, and each chain takes its best if it is no slower, or else with probability
+    exp(-(its makespan - current) / T), T falling linearly from `temperature` x the start's
+    makespan to 0 over `time_limit_s` (or over `steps` steps, where given: then deterministic, a
+    fixed seed, unless the time runs out first). Where memory binds, most moves break it, and a
+    descent ends where no move that fits is shorter: on a plateau of equal makespans (parallel
+    longest paths) that the descent's tie-break by the sum of op ends does not cross, or behind
+    a slightly slower layout. Ties are taken (exp(0) = 1), so the chains cross the plateau; the
+    best only changes on a shorter layout (taking only shorter layouts, 200 steps from the offload
+    incumbent below find nothing: tests/integration/test_layout_starts.py).
+    Llama 3 405B cp 1 from the search's incumbents (10 s), 1 s of this on 2 cores, four seeds:
+    with offload 7.81 s -> 7.50-7.66 s in four of four (one chain of 32: one of four), under
+    ZeRO-2 6.99 -> 6.91-6.95 s in three (one chain: two or three); cp 1 alone (9.20 s) and nc 32
+    (certified) nothing. The memory test comes first (a quarter of the graph's cost per layout);
+    per step the graph's 286 levels cost as much as the layouts, so the chains share a call.
+    Returns the best layout any chain visited (decoder counts), its makespan on the graph and its
+    recompute counts: the start's own where none found a shorter one (makespan inf where the
+    start does not fit)."""
+    t0 = time.perf_counter()
+    lin = lin or LinearLayouts(ctx)
+    graph = schedule_graph(ctx)
+    stages = lin.stages
+    rng = np.random.default_rng(seed)
+    level = max(start_recompute, default=0) if uniform_recompute else None
+
+    first = np.array(tuple(start) + tuple(start_recompute), dtype=np.int64)
+    counts, recomputed = lin.layout_counts(first[None])
+    recomputed = recomputed if lin.recompute else None
+    if not lin.fits(counts, recomputed)[0]:
+        return tuple(start), math.inf, tuple(start_recompute)
+    value = np.full(chains, float(graph.makespan(*lin.pass_times(counts, recomputed))[0]))
+    current = np.repeat(first[None], chains, axis=0)  # [chain, 2 stage]
+    best, best_value = first, float(value[0])
+    heat0 = temperature * best_value
+    per = max(batch // chains, 1)  # each chain's layouts scored per step
+    draws = proposals * per
+    rows = np.arange(chains * draws)
+    chain_of = np.repeat(np.arange(chains), draws)
+    step = 0
+    while (elapsed := time.perf_counter() - t0) < time_limit_s and (steps is None or step < steps):
+        # how far along: by the clock, or by the steps where they are given (then deterministic)
+        done = elapsed / time_limit_s if steps is None else step / steps
+        step += 1
+        cand = current[chain_of].copy()
+        dec = cand[:, :stages]  # a view: the moves below write through
+        held = dec > 0
+        # a random stage holding a layer (each row's k-th held stage, k uniform), to a random stage
+        nheld = held.sum(axis=1)
+        pick = (rng.random(len(rows)) * nheld).astype(np.int64)
+        source = np.argmax(np.cumsum(held, axis=1) > pick[:, None], axis=1)
+        target = rng.integers(0, stages, len(rows))
+        dec[rows, source] -= 1
+        dec[rows, target] += 1
+        cand[:, stages:] = np.minimum(level, dec) if level is not None else np.minimum(cand[:, stages:], dec)
+        ok = (source != target) & (dec.min(axis=1) >= min_layers)
+        if max_layers is not None:
+            ok &= dec.max(axis=1) <= max_layers
+        if spread is not None:
+            per_rank = dec.reshape(len(rows), ctx.vp, ctx.pp)
+            ok &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
+        # the memory test first (a quarter of the schedule graph's cost per layout): where memory
+        # binds most random moves break it, and only those that fit are scored, `per` a chain
+        counts, recomputed = lin.layout_counts(cand[ok])
+        recomputed = recomputed if lin.recompute else None
+        fit = np.flatnonzero(ok)[lin.fits(counts, recomputed)]
+        rank_in_chain = np.arange(len(fit)) - np.searchsorted(chain_of[fit], chain_of[fit])  # rows come chain by chain
+        fit = fit[rank_in_chain < per]
+        if not len(fit):
+            continue
+        counts, recomputed = lin.layout_counts(cand[fit])
+        values = graph.makespan(*lin.pass_times(counts, recomputed if lin.recompute else None))
+        heat = heat0 * max(1 - done, 0.0) + 1e-12
+        for c in np.unique(chain_of[fit]):
+            mine = np.flatnonzero(chain_of[fit] == c)
+            k = mine[int(np.argmin(values[mine]))]
+            if values[k] < value[c] or rng.random() < math.exp(-(values[k] - value[c]) / heat):
+                current[c], value[c] = cand[fit[k]], float(values[k])
+                if value[c] < best_value * (1 - 1e-9):  # shorter, not a tie within float noise (a plateau's moves)
+                    best, best_value = current[c].copy(), float(value[c])
+    return tuple(int(x) for x in best[:stages]), best_value, tuple(int(x) for x in best[stages:])
