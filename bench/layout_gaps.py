@@ -1,9 +1,10 @@
 """Where the layout search's remaining gaps lie (issue 11): on the bound's side, measured.
 
-    python bench/layout_gaps.py [--seconds 60]
+    python bench/layout_gaps.py [--seconds 60] [--memory-cases]
 
 For Llama 3 405B on pp 16 x vp 8 at cp 1 (bench_layouts' cases), without recompute and with one
---recompute-num-layers N = 1, it takes the search's incumbent (10 s, as the bench runs it) and:
+--recompute-num-layers N = 1 (with --memory-cases: under ZeRO-2 and with offload instead), it
+takes the search's incumbent (10 s, as the bench runs it) and:
 
 1. the convex hull of each rank's integer choices: column generation over every integer chunk
    vector of a rank that fits its memory (its linear rows, the recompute min(1, t) of each chunk
