@@ -477,7 +477,7 @@ def anneal(ctx: LayoutContext, start: tuple[int, ...], start_recompute: tuple[in
         # how far along: by the clock, or by the steps where they are given (then deterministic)
         done = elapsed / time_limit_s if steps is None else step / steps
         step += 1
-        cand = current[chain_of].copy()
+        cand = current[chain_of]  # (a copy: fancy indexing)
         dec = cand[:, :stages]  # a view: the moves below write through
         held = dec > 0
         # a random stage holding a layer (each row's k-th held stage, k uniform), to a random stage

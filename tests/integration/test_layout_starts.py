@@ -90,8 +90,9 @@ def test_annealing_leaves_a_local_optimum_the_descent_cannot():
     """With Megatron's offload of core_attn and attn_proj (bench_layouts' case: the split is
     1.8 GiB over on ranks 1-9), the free search's descents ended at 7.806 s, the layout below:
     no single-layer or chunk move that fits is faster. Annealing from it (200 steps, seed 0:
-    deterministic) passes through slower layouts to a faster one that fits (7.496 s when this
-    test was written, 4% faster), which the exact model confirms."""
+    deterministic) crosses layouts no faster than it (a plateau of equal makespans, and slower
+    ones) to a faster one that fits (7.496 s when this test was written, 4% faster), which the
+    exact model confirms; taking only faster layouts it stays where it started."""
     from costmodel.configs import offload_code
     from costmodel.stage_layout import StageLayout, score_layout
     from optimizer.layout_seeds import anneal
