@@ -13,8 +13,8 @@ takes the search's incumbent (10 s, as the bench runs it) and:
    master LP's value, and the simulated makespan of the best fractional point it visits: an
    upper bound on what any bound from this relaxation can prove. Below the incumbent, no bound
    of that family certifies it: what is missing is integrality across stages.
-2. simulated annealing from the incumbent (moves of one layer, batches of 128 scored on the
-   schedule graph with the linear memory test): where it finds nothing better, the incumbent
+2. simulated annealing from the incumbent (layout_seeds.anneal, the search's own: moves of one
+   layer, scored on the schedule graph with the linear memory test): where it finds nothing better, the incumbent
    is at least a deep local optimum, and the gap is the bound's.
 
 Minutes per case; prints figures, asserts nothing.
@@ -41,6 +41,7 @@ from bench_layouts import cases  # noqa: E402
 from costmodel.stage_layout import layout_context, megatron_layout  # noqa: E402
 from optimizer.layout_linear import LinearLayouts  # noqa: E402
 from optimizer.layout_search import solve_layout  # noqa: E402
+from optimizer.layout_seeds import anneal  # noqa: E402
 from optimizer.schedule_graph import schedule_graph, segment_paths  # noqa: E402
 
 
@@ -155,38 +156,6 @@ def hull_lp(ctx, level: int | None, seconds: float, most: int = 12) -> tuple[flo
     return value, center_value, rounds
 
 
-def anneal(ctx, layout, level: int | None, seconds: float, seed: int = 0, temperature: float = 0.02) -> float:
-    """The least makespan (schedule graph, memory test) annealing finds from `layout`, moving
-    one layer at a time (recompute min(level, layers) per stage, or none)."""
-    lin, graph = LinearLayouts(ctx), schedule_graph(ctx)
-    rng = np.random.default_rng(seed)
-    stages = lin.stages
-
-    def makespans(decoders):
-        recompute = np.zeros_like(decoders) if level is None else np.minimum(level, decoders)
-        counts, recomputed = lin.layout_counts(np.concatenate([decoders, recompute], axis=1))
-        recomputed = recomputed if ctx.recompute_allowed else None
-        f, b = lin.times(counts, recomputed)
-        return np.where(lin.fits(counts, recomputed), graph.makespan(f, b), np.inf)
-
-    current = np.array(layout.decoders)
-    value = best = float(makespans(current[None])[0])
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        heat = temperature * (1 - (time.perf_counter() - start) / seconds) + 1e-5
-        moves = np.repeat(current[None], 128, axis=0)
-        for move in moves:
-            source = rng.choice(np.flatnonzero(move > 0))
-            move[source] -= 1
-            move[rng.integers(0, stages)] += 1
-        values = makespans(moves)
-        k = int(np.argmin(values))
-        if np.isfinite(values[k]) and (values[k] < value or rng.random() < math.exp(-(values[k] - value) / heat)):
-            current, value = moves[k], float(values[k])
-            best = min(best, value)
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="per column generation and per annealing run")
@@ -215,7 +184,10 @@ def main() -> None:
               f"LP {lp_value:.4f} s; best fractional point visited runs {point_value:.4f} s "
               f"({'below' if point_value < solution.makespan_s else 'not below'} the incumbent)")
         t0 = time.perf_counter()
-        found = anneal(ctx, solution.layout, level, args.seconds)
+        # the search's own annealing (layout_seeds.anneal), given the whole time; one N where the
+        # case has it (r_s = min(N, layers_s) kept through the moves)
+        _, found, _ = anneal(ctx, solution.layout.decoders, solution.layout.recompute, args.seconds,
+                             uniform_recompute=level is not None)
         print(f"  annealing from the incumbent ({time.perf_counter() - t0:.0f} s): {found:.4f} s "
               f"({100 * (1 - found / solution.makespan_s):+.2f}% on the incumbent)")
 

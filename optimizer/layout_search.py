@@ -829,7 +829,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         if starts:  # the local search from each (the better start is not the better end)
             for seed in starts:
                 descend(seed, local_s)
-            same_end = sum(abs(x - min(descent_ends)) <= 1e-9 * min(descent_ends) for x in descent_ends)
+            best_end = min(descent_ends, default=math.inf)
+            same_end = sum(abs(x - best_end) <= 1e-9 * best_end for x in descent_ends)
             if local and inc.layout is not None and anneal_fraction > 0 and same_end < 2:
                 # no given layout fits: memory binds, and the descents can end on a plateau that
                 # moves of equal makespan cross, or behind a slightly slower layout (anneal); its
