@@ -221,9 +221,10 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     against 9.8 s, under ZeRO-2 in 7.3 s against 10.5 s and with offload in 15.3 s against
     18.4 s, to the same or better ends (within the search's 10 s, ZeRO-2's answer 7.45-7.70 ->
     6.99 s and offload's 8.09 -> 7.81 s in standalone runs). Descending, only the moves that fit
-    are scored on the graph (the same descent): from round_seeds' first four starts, ZeRO-2's
-    descents converge in 11.5 s against 13.8 s, offload's two in 2.4 s against 3.9 s, cp 1's four
-    in 3.8 s against 4.1 s. A layer move keeps the stages' recompute counts, clipped to their layers. A start
+    are scored on the graph, those of as many batches as the last step decided in one graph call,
+    the batches still decided one at a time (the same descent): from round_seeds' first four
+    starts, ZeRO-2's descents converge in 7.8 s against 13.8 s, offload's two in 3.2 s against
+    3.9 s, cp 1's four in 1.8 s against 4.1 s. A layer move keeps the stages' recompute counts, clipped to their layers. A start
     that does not fit is first repaired (least memory over the capacity, summed over ranks).
     Returns the best layout's decoder counts, its makespan, the longest paths of the layouts it
     moved through and of the best neighbours of the last one (cuts that are tight near the
@@ -273,6 +274,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
     for r, mine in enumerate(ctx.stages_of):
         for c, s in enumerate(mine):
             drop_bytes[s] = (1 + lin.frag) * lin.dropped[main_run] * ctx.held[r][:, c].max()
+    depth = 1  # batches of moves whose layouts that fit are scored in one graph call (scored)
     while time.perf_counter() - t0 < time_limit_s:
         # every move, the most promising first: off a rank over its memory, then those that
         # shorten the current longest path most, ties at random. A layer move from stage a to
@@ -364,10 +366,12 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
         single = list(zip(kind[order].tolist(), a[order].tolist(), c[order].tolist()))
         improved = False
         neighbours = []
-        for chunk in [single[i:i + batch] for i in range(0, len(single), batch)] + [chunk_moves[i:i + batch] for i in range(0, len(chunk_moves), batch)]:
-            cand = np.repeat(current[None], len(chunk), axis=0)
-            levels = np.full(len(chunk), level)
-            for row, (k, a, c) in enumerate(chunk):
+
+        def build(moves):
+            """The layouts of `moves` from the current one, those within the constraints."""
+            cand = np.repeat(current[None], len(moves), axis=0)
+            levels = np.full(len(moves), level)
+            for row, (k, a, c) in enumerate(moves):
                 if k == 0:
                     cand[row, a] -= 1
                     cand[row, c] += 1
@@ -392,23 +396,50 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             if spread is not None:
                 per_rank = dec_c.reshape(len(cand), ctx.vp, ctx.pp)
                 keep &= (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread).all(axis=1)
-            if not keep.any():
-                continue
-            cand, levels = cand[keep], levels[keep]
-            counts, recomputed = measure(cand)
-            cand_over = lin.excess(counts, recomputed)
-            if over.sum() <= 0:
-                # descending: only the moves that fit can be taken, so only they are scored on
-                # the schedule graph (the memory test costs about a quarter of it): the same
-                # descent, faster where memory binds (Llama 3 405B cp 1 under ZeRO-2, about 1 move
-                # in 7 fits)
-                fit_rows = cand_over.sum(axis=1) <= 0
-                if not fit_rows.any():
+            return cand[keep], levels[keep]
+
+        def scored():
+            """Each batch of moves, in order, with its layouts scored: (layouts, their N, their
+            bytes over per rank, seconds per pass, makespans, sums of op ends). Descending, only
+            the moves that fit (only they can be taken; the memory test costs about a quarter of
+            the graph), and those of up to `depth` batches in one graph call, whose per-call
+            overhead dominates a batch's few that fit (Llama 3 405B cp 1 under ZeRO-2, about 1
+            move in 7): the batches are still decided one at a time, so the descent is the same."""
+            pending = []
+
+            def flush():
+                seconds = lin.pass_times(*measure(np.concatenate([part[0] for part in pending])))
+                values, totals = measured(seconds)
+                at = 0
+                for cand, levels, cand_over in pending:
+                    rows = slice(at, at + len(cand))
+                    at += len(cand)
+                    yield cand, levels, cand_over, tuple(x[:, rows] for x in seconds), values[rows], totals[rows]
+                pending.clear()
+
+            for moves in batches:
+                cand, levels = build(moves)
+                if not len(cand):
                     continue
-                cand, levels, cand_over, counts = cand[fit_rows], levels[fit_rows], cand_over[fit_rows], counts[fit_rows]
-                recomputed = recomputed[fit_rows] if recomputed is not None else None
-            seconds = lin.pass_times(counts, recomputed)
-            values, totals = measured(seconds)
+                counts, recomputed = measure(cand)
+                cand_over = lin.excess(counts, recomputed)
+                if over.sum() > 0:  # repairing: every move
+                    seconds = lin.pass_times(counts, recomputed)
+                    yield (cand, levels, cand_over, seconds, *measured(seconds))
+                    continue
+                fit = cand_over.sum(axis=1) <= 0
+                if not fit.any():
+                    continue
+                pending.append((cand[fit], levels[fit], cand_over[fit]))
+                if len(pending) >= depth or sum(len(part[0]) for part in pending) >= batch:
+                    yield from flush()
+            if pending:
+                yield from flush()
+
+        batches = [single[i:i + batch] for i in range(0, len(single), batch)] + [chunk_moves[i:i + batch] for i in range(0, len(chunk_moves), batch)]
+        decided = 0  # batches decided this step: the next step scores that many at once (the same choices)
+        for cand, levels, cand_over, seconds, values, totals in scored():
+            decided += 1
             if over.sum() > 0:  # repairing: least total excess, then the shortest
                 k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
                 better = cand_over[k].sum() < over.sum()
@@ -426,6 +457,7 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
                 current, value, total, over, level, improved = cand[k], float(values[k]), float(totals[k]), cand_over[k], int(levels[k]), True
                 headroom = lin.headroom(*measure(current[None]))[0]
                 paths.append(graph.path(*(x[:, k] for x in seconds)))
+                depth = decided
                 break
             if time.perf_counter() - t0 >= time_limit_s:
                 break
