@@ -443,14 +443,11 @@ def local_search(ctx: LayoutContext, start: tuple[int, ...], time_limit_s: float
             if over.sum() > 0:  # repairing: least total excess, then the shortest
                 k = int(np.lexsort((values, cand_over.sum(axis=1)))[0])
                 better = cand_over[k].sum() < over.sum()
-            else:
-                fit = np.flatnonzero(cand_over.sum(axis=1) <= 0)
-                if not len(fit):
-                    continue
-                neighbours.extend((values[k], tuple(cand[k])) for k in fit)
+            else:  # descending: every layout here fits (scored)
+                neighbours.extend((values[k], tuple(cand[k])) for k in range(len(cand)))
                 # the shortest, then the least total (makespans within float noise tie)
-                rounded = np.round(values[fit] / (value * 1e-12))
-                k = int(fit[np.lexsort((totals[fit], rounded))[0]])
+                rounded = np.round(values / (value * 1e-12))
+                k = int(np.lexsort((totals, rounded))[0])
                 tied = abs(values[k] - value) <= value * 1e-12
                 better = values[k] < value * (1 - 1e-12) or (tied and totals[k] < total * (1 - 1e-12))
             if better:
