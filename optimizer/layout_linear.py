@@ -884,6 +884,7 @@ class MemoryRows:
         self.budget = int(ctx.problem.hardware.memory_bytes // BYTE_SCALE)
         self.rows = {}  # (rank, vector index or -1 for the transient) -> its left side
         self.added = set()
+        self.needs = []  # per rank, where recompute_only_where_needed ran: 1 where the rank recomputes
         for r, (base0, base, trans0, trans, head, chunk_act) in enumerate(lin.memory):
             mine = [int(s) for s in ctx.stages_of[r]]
             kind_count = {k: [] for k in range(len(ctx.kinds))}
@@ -957,13 +958,23 @@ class MemoryRows:
         recompute of every rank that fits without it (memory is per rank, and recompute only
         adds time, so the makespan does not grow); the result meets these rows, so a layout
         below the incumbent exists only where one meeting them does (recompute_split_bound's
-        argument, here over the search's own integer recompute counts)."""
+        argument, here over the search's own integer recompute counts). y_r is also at most
+        the rank's recomputed layers (y_r = 1 exactly where it recomputes), which keeps the LP
+        from pricing a rank's recompute at a fraction of y_r: DeepSeek-V3 on pp 16 x vp 2,
+        free layouts with per-chunk recompute, split into the layouts that recompute nothing
+        and those that do (solve_layout's parts): certified in 8.5-9.6 s in 7 runs of 8, and in
+        none of 3 without it (4.9-5.9% in 10 s); but see solve_layout's parts for how much
+        such runs vary on a loaded machine. The booleans are kept
+        (`needs`, by rank) for solve_layout's parts."""
         model, lin, ctx = self.model, self.lin, self.ctx
         n_layers = len(ctx.kind_of_layer)
         for r in range(ctx.pp):
             y = model.NewBoolVar(f"needs_recompute{r}")
-            model.Add(sum(rc_counts[s][j] for s in ctx.stages_of[r] for j in range(len(lin.kind_of_run))) <= n_layers * y)
+            recomputed = sum(rc_counts[s][j] for s in ctx.stages_of[r] for j in range(len(lin.kind_of_run)))
+            model.Add(recomputed <= n_layers * y)
+            model.Add(recomputed >= y)
             over_capacity_without_recompute(model, ctx, lin, r, run_counts, y)
+            self.needs.append(y)
 
     def add(self, key) -> bool:
         """Bring one row into the model; whether it was new."""

@@ -84,6 +84,16 @@ from optimizer.schedule_graph import segment_paths
 
 
 NO_GOAL_S = 1e6  # a makespan no layout reaches: rank_order_region's feasibility then asks only whether any layout fits
+# free layouts with per-chunk recompute: the most of the time left that a part of the space other
+# than the last gets before the rounds search the whole (solve_layout)
+PART_FRACTION = 0.5
+
+
+def fix_bool(model: cp_model.CpModel, var, value: int | None) -> None:
+    """Fix a boolean of the model between solves (None: free it again), through its domain:
+    presolve then drops the constraints it disables."""
+    domain = model.Proto().variables[var.Index()].domain
+    domain[0], domain[1] = (0, 1) if value is None else (int(value), int(value))
 
 
 def check_searchable(ctx: LayoutContext) -> None:
@@ -820,6 +830,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     relaxed_floor = None  # what relaxed_bound proved, for every layout
     totals_floor = None  # what rank_totals_bound proved, for every layout of the search's space
     totals_reserve_s = 0.0  # the time kept for it after the rounds
+    roomiest = None  # free layouts with per-chunk recompute: the rank with the most room for it (the parts below)
     interrupted = False
     try:  # Ctrl-C from here on: the incumbent and the bound proven so far, as a time limit would
         # the local search gets its share of what the seeds left, so that CP-SAT keeps the most: each
@@ -907,6 +918,10 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 if r not in maybe:
                     for s in ctx.stages_of[r]:
                         model.Add(rc[int(s)] == 0)
+            if rows.needs and maybe:  # the one with the most room for recompute: the least busy in the incumbent
+                counts, recomputed = lin.layout_counts(np.array(inc.layout.decoders + inc.layout.recompute)[None])
+                f, b = (x[:, 0] for x in lin.times(counts, recomputed))
+                roomiest = min(sorted(maybe), key=lambda r: float(f[r::pp].sum() + b[r::pp].sum()))
         if refine and inc.layout is not None and chunk_spread is None and not graph and level is None:
             # free layouts: the paths that dwell on one or two overloaded chunks (dwell_paths),
             # around the incumbent's stage times (not with one N: Llama 3 405B cp 1's one-N bound
@@ -992,10 +1007,49 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 split_bound = min(found_lb, goal - 2 * slack)
                 bound = max(bound, split_bound)
                 proven = found_lb >= goal - 2 * max(slack, split_slack(ctx, lin))
+        # Free layouts with per-chunk recompute: the rounds search the space in parts, each a
+        # smaller search than the whole, whose LP recomputes a fraction of a layer wherever memory
+        # is near: the layouts that recompute nothing; then, where a rank recomputes only where it
+        # must (rows.needs), those where the rank with the most room for recompute in the
+        # incumbent (`roomiest`) recomputes nothing, then those where it does (else those that
+        # recompute some). The parts partition the space: each one settled holds its goal, and
+        # the last one's rounds prove the bound of the rest. A part other than the last that does
+        # not settle within PART_FRACTION of the time left as it began gives way to the whole
+        # space (the cuts and rows its rounds brought hold for every layout). DeepSeek-V3 on pp
+        # 16 x vp 2, free layouts (its optimum recomputes nothing): one solve of each of the last
+        # two parts' models, rank 0 the roomiest, took 1.2-1.3 and 3.6-4.0 s where the two as one
+        # part took 5.9 s; in solve_layout (10 s, 2 cores) the three parts took 1.0, 1.6-1.7 and
+        # 3.5-4.8 s, certifying in 6 runs of 11 (8.1-10.0 s), where the whole never did
+        parts = []  # [{boolean: value}] still to settle, the first the one searched
+        part_floor_s = math.inf  # the least goal the parts settled proved for their layouts
+        part_ends_at = math.inf  # when the part searched gives way, where it is not the last
+        if refine and inc.layout is not None and chunk_spread is None and not graph and recompute and level is None and not proven:
+            recomputes = model.NewBoolVar("recomputes")
+            model.Add(sum(rc) >= 1).OnlyEnforceIf(recomputes)
+            model.Add(sum(rc) == 0).OnlyEnforceIf(recomputes.Not())
+            parts = [{recomputes: 0}]
+            if roomiest is not None:
+                parts += [{recomputes: 1, rows.needs[roomiest]: 0}, {recomputes: 1, rows.needs[roomiest]: 1}]
+            else:
+                parts.append({recomputes: 1})
+
+        def enter_part() -> None:
+            nonlocal part_ends_at
+            for var, value in parts[0].items():
+                fix_bool(model, var, value)
+            left_s = time_limit_s - (time.perf_counter() - start) - totals_reserve_s
+            part_ends_at = time.perf_counter() + PART_FRACTION * left_s if len(parts) > 1 else math.inf
+
+        if parts:
+            enter_part()
         while not proven:
             remaining = time_limit_s - (time.perf_counter() - start) - totals_reserve_s
             if remaining <= 0 and inc.layout is not None:
                 break
+            if len(parts) > 1 and time.perf_counter() >= part_ends_at:  # the part did not settle: the whole from here
+                for var in {var for part in parts for var in part}:
+                    fix_bool(model, var, None)
+                parts, part_ends_at = [], math.inf
             if refine and inc.layout is not None and chunk_spread is None:
                 # Free layouts, with an incumbent: ask only for layouts the model prices below it
                 # (z < incumbent - 2 slack). Every answer is then either truly better (the new
@@ -1007,10 +1061,18 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                 # none; a round cut short loses its presolve and LP with it: where less than two
                 # rounds' time is left, this one takes it all (Llama 3 405B's 128-stage model
                 # presolves for ~1 s of a 4 s round)
-                status, proved, answers = round_below(model, z, vars_, best_makespan, slack, remaining, workers, under_s=slack,
-                                                      answers_by_s=answers_by(round_limit_s, remaining))
+                left = min(remaining, part_ends_at - time.perf_counter())  # a part other than the last: its time
+                status, proved, answers = round_below(model, z, vars_, best_makespan, slack, left, workers, under_s=slack,
+                                                      answers_by_s=answers_by(round_limit_s, left))
                 rounds += 1
-                bound = max(bound, proved)
+                if len(parts) > 1:  # proved holds for this part's layouts only
+                    if status == cp_model.INFEASIBLE:
+                        part_floor_s = min(part_floor_s, proved)
+                        parts.pop(0)
+                        enter_part()
+                        continue
+                else:  # the last part (the others settled), or the whole
+                    bound = max(bound, min(proved, part_floor_s))
                 if status == cp_model.INFEASIBLE:
                     proven = True
                     break

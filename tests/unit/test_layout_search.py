@@ -1182,14 +1182,33 @@ def test_recompute_rounds_below_an_incumbent_match_enumeration(tmp_path, recompu
     """The free search with per-stage recompute, started from the slowest layout that fits and
     no local search, so that its rounds below the incumbent do the work with every cut they
     take on trust (recompute_only_where_needed's dominance, recomputing_ranks' zeros, the dwell
-    paths): certified at enumeration's least simulated makespan over every layout and recompute
-    vector. A cut that removed a better layout would leave a slower certified answer."""
+    paths, the parts the rounds search one after another): certified at enumeration's least
+    simulated makespan over every layout and recompute vector. A cut that removed a better
+    layout, or parts that missed some, would leave a slower certified answer."""
     ctx = recompute_context(tmp_path, pp, vp, memory_mib)
     fits = fitting(recompute_layouts[pp, vp], ctx)
     slowest = max(fits, key=lambda e: e[2])[0]
     solution = solve_layout(ctx, time_limit_s=20, seeds=(slowest,), local=False)
     assert solution.optimal and solution.fits
     assert solution.makespan_s == pytest.approx(min(makespan for _, _, makespan, _ in fits), rel=1e-6)
+
+
+def test_recompute_rounds_search_the_parts_in_order(tmp_path, recompute_layouts, monkeypatch):
+    """Free layouts with per-stage recompute, below an incumbent: the rounds first fix the
+    layouts that recompute nothing, and settle each part before the next (the parts' booleans
+    fixed in that order), and the answer is enumeration's optimum."""
+    import optimizer.layout_search as layout_search
+    fixed = []
+    real_fix = layout_search.fix_bool
+    monkeypatch.setattr(layout_search, "fix_bool", lambda model, var, value: (fixed.append((var.Name(), value)), real_fix(model, var, value))[1])
+    ctx = recompute_context(tmp_path, 2, 2, 44000)
+    fits = fitting(recompute_layouts[2, 2], ctx)
+    slowest = max(fits, key=lambda e: e[2])[0]
+    solution = layout_search.solve_layout(ctx, time_limit_s=20, seeds=(slowest,), local=False)
+    assert solution.optimal
+    assert solution.makespan_s == pytest.approx(min(makespan for _, _, makespan, _ in fits), rel=1e-6)
+    assert fixed[0] == ("recomputes", 0)  # the layouts that recompute nothing first
+    assert ("recomputes", 1) in fixed and None not in [value for _, value in fixed]  # the next parts, none given up
 
 
 def test_recompute_is_found_where_only_it_fits(tmp_path, recompute_layouts):
