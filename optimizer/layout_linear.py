@@ -962,9 +962,9 @@ class MemoryRows:
         the rank's recomputed layers (y_r = 1 exactly where it recomputes), which keeps the LP
         from pricing a rank's recompute at a fraction of y_r: DeepSeek-V3 on pp 16 x vp 2,
         free layouts with per-chunk recompute, split into the layouts that recompute nothing
-        and those that do (solve_layout's parts): certified in 8.5-9.6 s in 7 runs of 8, and in
-        none of 3 without it (4.9-5.9% in 10 s); but see solve_layout's parts for how much
-        such runs vary on a loaded machine. The booleans are kept
+        and those that do (solve_layout's parts, two then): certified within 10 s in 8 runs of
+        16 (8.5-9.9 s), and in none of 3 without it (4.9-5.9% in 10 s); such runs vary that
+        much because the search certifies just inside its time. The booleans are kept
         (`needs`, by rank) for solve_layout's parts."""
         model, lin, ctx = self.model, self.lin, self.ctx
         n_layers = len(ctx.kind_of_layer)
