@@ -1196,7 +1196,8 @@ def test_recompute_rounds_below_an_incumbent_match_enumeration(tmp_path, recompu
 def test_recompute_rounds_search_the_parts_in_order(tmp_path, recompute_layouts, monkeypatch):
     """Free layouts with per-stage recompute, below an incumbent: the rounds first fix the
     layouts that recompute nothing, and settle each part before the next (the parts' booleans
-    fixed in that order), and the answer is enumeration's optimum."""
+    fixed in that order: nothing; the roomiest rank nothing; it and another rank; it alone),
+    and the answer is enumeration's optimum."""
     import optimizer.layout_search as layout_search
     fixed = []
     real_fix = layout_search.fix_bool
@@ -1209,6 +1210,12 @@ def test_recompute_rounds_search_the_parts_in_order(tmp_path, recompute_layouts,
     assert solution.makespan_s == pytest.approx(min(makespan for _, _, makespan, _ in fits), rel=1e-6)
     assert fixed[0] == ("recomputes", 0)  # the layouts that recompute nothing first
     assert ("recomputes", 1) in fixed and None not in [value for _, value in fixed]  # the next parts, none given up
+    # here (pp 2) with the per-rank booleans: the roomiest rank recomputes nothing; it and
+    # another rank recompute; it alone does (the hardest part last, with all the time left)
+    roomiest = [name for name, _ in fixed if name.startswith("needs_recompute")]
+    assert roomiest and len(set(roomiest)) == 1
+    assert [(name, value) for name, value in fixed if name != "recomputes"] == [
+        (roomiest[0], 0), (roomiest[0], 1), ("others_recompute", 1), (roomiest[0], 1), ("others_recompute", 0)]
 
 
 def test_recompute_is_found_where_only_it_fits(tmp_path, recompute_layouts):
