@@ -39,6 +39,14 @@ def cp_solver(time_limit_s: float | None = None, workers: int = 1, random_seed: 
     return solver
 
 
+def set_domain(model: cp_model.CpModel, var, low: int, high: int) -> None:
+    """Set a variable's domain to [low, high] between solves of one model, through its proto (no
+    new constraint: presolve then drops the constraints the value decides). The layout search's
+    parts fix their booleans this way, least_recompute its per-L layer total and row bounds."""
+    domain = model.Proto().variables[var.Index()].domain
+    domain[0], domain[1] = int(low), int(high)
+
+
 def solve(solver: cp_model.CpSolver, model: cp_model.CpModel, callback: cp_model.CpSolverSolutionCallback | None = None,
           stop_when: Callable[[], bool] | None = None):
     """solver.Solve. Where the solver catches SIGINT itself, Python's handler is put back after

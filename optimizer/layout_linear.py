@@ -1096,11 +1096,6 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
     floor_var = model.NewIntVar(0, most, "")  # the previous L's value: the table is non-decreasing
     model.Add(sum(rc) >= floor_var)
     model.Minimize(sum(rc))
-    proto = model.Proto().variables
-
-    def fix(var, value: int) -> None:
-        domain = proto[var.Index()].domain
-        domain[0], domain[1] = value, value
 
     out: list[int] = []
     witness = None  # the previous L's optimal (t, rc): layers and recomputed layers per chunk
@@ -1121,10 +1116,11 @@ def least_recompute(ctx: LayoutContext, lin: LinearLayouts, rank: int, most: int
                 witness = (fits[0], w_rc)
                 out.append(out[-1])
                 continue
-        fix(total, n)
-        fix(floor_var, out[-1] if out else 0)
+        cp_solver.set_domain(model, total, n, n)
+        floor = out[-1] if out else 0
+        cp_solver.set_domain(model, floor_var, floor, floor)
         for room_var, bound in zip(rooms, bounds):
-            fix(room_var, int(bound))
+            cp_solver.set_domain(model, room_var, bound, bound)
         solver = cp_solver.cp_solver(random_seed=1)  # CP-SAT's default seed, which this solve always ran with
         solver.parameters.max_deterministic_time = 5.0
         # 17 variables: presolving them took longer than the search (Llama 3 405B's tables,

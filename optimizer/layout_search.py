@@ -92,8 +92,7 @@ PART_FRACTION = 0.5
 def fix_bool(model: cp_model.CpModel, var, value: int | None) -> None:
     """Fix a boolean of the model between solves (None: free it again), through its domain:
     presolve then drops the constraints it disables."""
-    domain = model.Proto().variables[var.Index()].domain
-    domain[0], domain[1] = (0, 1) if value is None else (int(value), int(value))
+    cp_solver.set_domain(model, var, *((0, 1) if value is None else (value, value)))
 
 
 def check_searchable(ctx: LayoutContext) -> None:
