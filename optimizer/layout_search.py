@@ -1033,8 +1033,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             model.Add(sum(rc) >= 1).OnlyEnforceIf(recomputes)
             model.Add(sum(rc) == 0).OnlyEnforceIf(recomputes.Not())
             parts = [{recomputes: 0}]
-            if roomiest is not None:
-                others = [y for r, y in enumerate(rows.needs) if r != roomiest]
+            others = [y for r, y in enumerate(rows.needs) if r != roomiest]
+            if roomiest is not None and others:
                 also = model.NewBoolVar("others_recompute")  # a rank other than the roomiest recomputes
                 model.Add(sum(others) >= 1).OnlyEnforceIf(also)
                 model.Add(sum(others) == 0).OnlyEnforceIf(also.Not())
