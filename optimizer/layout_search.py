@@ -242,8 +242,16 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
                 if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
                     continue
                 values = [max(int(math.floor(v * TIME_SCALE)), 0) for v in table]  # rounded down: never above the exact model
+                # the stage time takes a bound on the looked-up value, not the element's target:
+                # presolve gives a target the table's values as its domain (a union of points),
+                # and summing those through the cuts and the windows' max made domains of up to
+                # 1M intervals (DeepSeek-V3, pp 16 x vp 2, FSDP: a round's presolve 26 s, its
+                # time limit overrun by 1.4 s); rest only lengthens the paths, so a layout's least
+                # price (the one that meets a goal if any does) has rest at the value: exact
+                looked_up = model.NewIntVar(0, max(values), "")
+                model.AddElement(index, values, looked_up)
                 rest = model.NewIntVar(0, max(values), "")
-                model.AddElement(index, values, rest)
+                model.Add(rest >= looked_up)
                 expr[s] += rest
         gather_max_s = float(max(g.middle_f.max(), g.last_f.max()) + max(g.middle_b.max(), g.last_b.max()))
     # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
@@ -416,8 +424,12 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
         for s in range(stages):
             table = g.used_middle.ravel() if s < stages - 1 else g.used_last
             values = [ns(per_used * v) for v in table]
+            # a bound on the looked-up value, as the gathers' (build_layout_model): the gap is
+            # only shortens with more overlap, so a layout's least price has used at the value
+            looked_up = model.NewIntVar(min(values), max(values), "")
+            model.AddElement(table_index[s], values, looked_up)
             used[s] = model.NewIntVar(min(values), max(values), f"used{s}")
-            model.AddElement(table_index[s], values, used[s])
+            model.Add(used[s] <= looked_up)
     gaps = []
     # -- each rank's gap: its compute between two windows less its prefetches' overlap, >= 0
     for r in range(pp):

@@ -336,6 +336,36 @@ def test_gradient_windows_with_moe_layers_are_searched_and_match_enumeration(tmp
     assert "refused" not in report and report["step_time_s"] <= report["megatron_split_step_time_s"]
 
 
+def test_gather_tables_enter_the_model_through_a_bound(tmp_path):
+    """The gather tables' values (GatherTables: each stage's gathers beyond the linear terms and
+    the compute its prefetches overlap) enter the search's CP-SAT model through a one-sided bound
+    on a value looked up by an element constraint, never as the element's target inside the
+    stage times: presolve gives a target the table's values as its domain, a union of points, and
+    summing such domains through the path cuts and the windows' max made domains of up to a
+    million intervals (DeepSeek-V3 on pp 16 x vp 2 under FSDP kept after the forward: 26 s of
+    presolve for one round, 1.4 s past the round's time limit, so `--time-limit` was overrun).
+    Each element's target is in no constraint but its bound; the search still certifies
+    enumeration's optimum (test above)."""
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_search import build_layout_model
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4, zero_stage=3,
+                                   reshard_after_forward=0, dp_overlap=1, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"))
+    ctx = layout_context(load_problem(str(path), []), cfg)
+    lin = LinearLayouts(ctx)
+    assert lin.gathers is not None and lin.gathers.used_middle is not None and lin.windows is not None
+    proto = build_layout_model(ctx, lin).model.Proto()
+    targets = [c.element.linear_target.vars[0] if c.element.linear_target.vars else c.element.target
+               for c in proto.constraints if c.has_element()]
+    assert len(targets) == 2 * lin.stages  # each stage's gathers in the forward and its prefetches' overlap
+    for target in targets:
+        users = [c for c in proto.constraints if not c.has_element() and c.has_linear() and target in c.linear.vars]
+        assert len(users) == 1 and len(users[0].linear.vars) == 2  # rest >= looked up, or used <= looked up
+
+
 def median_memory_context(tmp_path, columns):
     """The tiny DeepSeek-V3 (3 dense, 4 MoE layers) on pp 2 x vp 2, interleaved, under the
     sharding `columns`, with the GPU at the median layout's peak (so memory binds on half)."""
