@@ -95,6 +95,19 @@ def fix_bool(model: cp_model.CpModel, var, value: int | None) -> None:
     cp_solver.set_domain(model, var, *((0, 1) if value is None else (value, value)))
 
 
+def table_value(model: cp_model.CpModel, index, values: list[int]):
+    """values[index] as a new variable (an element constraint), for the model to take through a
+    one-sided bound that its objective pulls onto it, never as a term itself: presolve gives an
+    element's target the table's values as its domain, a union of points, and where the gather
+    tables' targets sat in the stage times it summed those through the path cuts and the
+    windows' max into domains of up to 1M intervals (DeepSeek-V3 on pp 16 x vp 2 under FSDP: a
+    round's presolve 26 s, past its time limit by 1.4 s; with the bound, 4.5 s, at most 89
+    intervals). The bound is exact: a layout's least price has it at the value."""
+    value = model.NewIntVar(min(values), max(values), "")
+    model.AddElement(index, values, value)
+    return value
+
+
 def check_searchable(ctx: LayoutContext) -> None:
     """Refuse skeletons solve_layout does not cover though the layout model scores them:
     DualPipeV, whose V places rank r's stages at r and 2pp - 1 - r where solve_layout's
@@ -242,16 +255,8 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
                 if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
                     continue
                 values = [max(int(math.floor(v * TIME_SCALE)), 0) for v in table]  # rounded down: never above the exact model
-                # the stage time takes a bound on the looked-up value, not the element's target:
-                # presolve gives a target the table's values as its domain (a union of points),
-                # and summing those through the cuts and the windows' max made domains of up to
-                # 1M intervals (DeepSeek-V3, pp 16 x vp 2, FSDP: a round's presolve 26 s, its
-                # time limit overrun by 1.4 s); rest only lengthens the paths, so a layout's least
-                # price (the one that meets a goal if any does) has rest at the value: exact
-                looked_up = model.NewIntVar(0, max(values), "")
-                model.AddElement(index, values, looked_up)
-                rest = model.NewIntVar(0, max(values), "")
-                model.Add(rest >= looked_up)
+                rest = model.NewIntVar(0, max(values), "")  # only lengthens the paths: at its least, the value
+                model.Add(rest >= table_value(model, index, values))
                 expr[s] += rest
         gather_max_s = float(max(g.middle_f.max(), g.last_f.max()) + max(g.middle_b.max(), g.last_b.max()))
     # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
@@ -424,12 +429,8 @@ def window_vars(model: cp_model.CpModel, ctx: LayoutContext, lin: LinearLayouts,
         for s in range(stages):
             table = g.used_middle.ravel() if s < stages - 1 else g.used_last
             values = [ns(per_used * v) for v in table]
-            # a bound on the looked-up value, as the gathers' (build_layout_model): the gap is
-            # only shortens with more overlap, so a layout's least price has used at the value
-            looked_up = model.NewIntVar(min(values), max(values), "")
-            model.AddElement(table_index[s], values, looked_up)
-            used[s] = model.NewIntVar(min(values), max(values), f"used{s}")
-            model.Add(used[s] <= looked_up)
+            used[s] = model.NewIntVar(min(values), max(values), f"used{s}")  # more overlap only shortens: at its most, the value
+            model.Add(used[s] <= table_value(model, table_index[s], values))
     gaps = []
     # -- each rank's gap: its compute between two windows less its prefetches' overlap, >= 0
     for r in range(pp):
