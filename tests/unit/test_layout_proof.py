@@ -2,9 +2,10 @@
 with the memory rows read off LinearLayouts.rank_rows and least_recompute's tables, on the
 7-layer Llama 3.1 8B at 32K tokens on pp 2 x vp 2 with per-stage recompute (3432 layouts and
 recompute vectors, every one scored), at capacities where memory forces recompute. The proof
-of the README's claim rests on two properties checked here: with every count fixed the LP is
-that layout's makespan (or infeasible where it does not fit), and with a stage forced above
-k layers its value is below every fitting layout that has such a stage."""
+in docs/pipeline_layouts.md ("Proven offline") rests on two properties checked here: with
+every count fixed the LP is that layout's makespan (or infeasible where it does not fit), and
+with a stage forced above k layers its value is below every fitting layout that has such a
+stage."""
 
 import importlib.util
 
