@@ -605,7 +605,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
                  local_fraction: float = 0.15, neighbour_paths: int | None = None, uniform_recompute: bool = False,
                  scores: dict | None = None, paths: set | None = None, region_fraction: float = 0.75,
                  split_fraction: float | None = None, rank_tables: bool = True, table_cache: dict | None = None,
-                 relax_fraction: float = 0.4, anneal_fraction: float = 0.25) -> LayoutSolution:
+                 relax_fraction: float | None = None, anneal_fraction: float = 0.25) -> LayoutSolution:
     """The layout minimising the simulated pipeline makespan of `ctx`'s skeleton under every
     rank's memory (MTP modules on the last stage; `min_layers`: the least decoder layers per
     stage). The step adds the exposed P2P (the skeleton's) and the busiest rank's DP reduce and
@@ -693,6 +693,12 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     where the jumps' booleans stall the search's own, its bound a floor for them (z >= it) and its
     paths their cuts (DeepSeek-V3 on pp 16 x vp 2, 30 windows per stage: ZeRO-2 9.8% -> 0.007%
     in 10 s, FSDP kept after the forward 12.9% -> 1.1%; the jumps along a path are what is left).
+    Default (None): 0.4, and 0.7 for free layouts of several kinds of decoder layer, where no rank
+    region or LP follows and the search's own rounds stall on the jumps, so relaxed_bound is the
+    bound: DeepSeek-V3 pp 16 x vp 2 under FSDP, `mofa solve --pipeline-layouts` (its free phase
+    ~6 s), proved 1.09% in 9 runs of 14 (each the first search of its process) and the work
+    bound's 12.9% in 5: where the regular phase's cuts leave it a harder first round it needs
+    2.3-2.5 s, not 0.25 s, and 0.4 gave it 1.7-1.8 s; with 0.7, 1.09% in 8 runs of 8.
     split_fraction: the share of the time left after the local search given to
     recompute_split_bound (skeletons with recompute, with an incumbent): recompute as a yes/no
     per rank, where a rank that recomputes is over its capacity without it and pays at least
@@ -961,6 +967,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # 0.02% gap in 10 s (certified in 7.0 s without); nor for free layouts, where the
             # memory binds little (DeepSeek-V3 under FSDP: 57.5 s against the work bound's 55.6)
             totals_reserve_s = min(1.5, 0.15 * time_limit_s)  # CP-SAT's round overruns its time by up to 0.7 s there
+        if relax_fraction is None:
+            relax_fraction = 0.7 if chunk_spread is None and len(runs) > 1 else 0.4
         relax_budget = relax_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
         if refine and inc.layout is not None and not graph and level is None and relax_budget >= 0.5 and not proven and lin.without_stage_jumps() is not None:
             # the model without the per-stage jumps (relaxed_bound): its rounds close where the
