@@ -67,7 +67,9 @@ def cases():
     Megatron's split fits 80 GB, and without (cp 1) where it does not; DeepSeek-V3 on 2048 of
     MoFa's device B (tp 4, pp 16, vp 2, ep 64: the cheapest degrees that fit at vp 2), as the
     homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last).
-    Llama 3 405B cp 1 also under ZeRO-2, Meta's sharding, where the split is 2.2 GiB over, cp 2
+    Llama 3 405B with per-chunk recompute at cp 1 (memory forces it) and cp 2 (it does not: the
+    search must rule the recompute vectors out), cp 1 also under ZeRO-2, Meta's sharding, where
+    the split is 2.2 GiB over, cp 2
     under ZeRO-2 (two gradient windows per stage), and cp 1 under Llama 3's flexible schedule
     (rounds of nc = 32 micro-batches on 8,192 GPUs); DeepSeek-V3 also under torchtitan's FSDP on
     1F1B (pp 16, 480 micro-batches), where a stage gathers its mean layer (tabulated), and on the
@@ -94,6 +96,9 @@ def cases():
            ConfigBatch.from_columns(16384, **common, activation_offload=offload_code(["core_attn", "attn_proj"])), llama_baselines)
     full = dict(recompute=2, recompute_method=1, recompute_layers=1)  # block method; the layouts choose N per chunk
     yield ("Llama 3 405B, 16384 H100, tp8 cp1 pp16 vp8, per-chunk recompute", llama, ConfigBatch.from_columns(16384, **common, **full),
+           with_recompute_baselines(llama_baselines))
+    # the same with cp 2, where the split fits without recompute: the recompute dimension (4.5e103 vectors) must be ruled out
+    yield ("Llama 3 405B, 16384 H100, tp8 cp2 pp16 vp8, per-chunk recompute", llama, ConfigBatch.from_columns(16384, cp=2, **common, **full),
            with_recompute_baselines(llama_baselines))
     ds = load_problem(os.path.join(ROOT, "problems/tuning/deepseek_v3_2048gpu_sn8.yaml"), ["config=null"])
     # the layout split (costmodel.layout): no split flag splits 61 layers over pp 16 x vp 2
