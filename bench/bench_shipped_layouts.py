@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("problems", nargs="*")
     args = parser.parse_args()
     paths = args.problems or sorted(glob.glob(os.path.join(ROOT, "problems", "tuning", "*.yaml")))
-    print(f"{'problem':34} {'skeleton':34} {'layout':>9} {'step s':>9} {'split s':>9} {'gap':>8} {'search s':>15} same")
+    print(f"{'problem':34} {'skeleton':40} {'layout':>9} {'step s':>9} {'split s':>9} {'gap':>8} {'search s':>15} same")
     times, same_all = [], True
     for path in paths:
         runs = [solve(path) for _ in range(args.runs)]
@@ -53,7 +53,7 @@ def main() -> None:
         same_all &= same
         report = first.get("pipeline_layout")
         if first["status"] != "optimal" or not report:
-            print(f"{name:34} {first['status']:34}")
+            print(f"{name:34} {first['status']:40}")
             continue
         c = first["best"]["config"]
         skeleton = f"tp{c['tp']} cp{c['cp']} pp{c['pp']} vp{c['vp']} ep{c['ep']} {c['pp_schedule']}"
@@ -61,7 +61,7 @@ def main() -> None:
         times += searched
         layout = "applied" if report["applied"] else "split"
         gap = "certified" if report["optimal"] else f"{report['gap']:.2%}"
-        print(f"{name:34} {skeleton:34} {layout:>9} {report['step_time_s']:9.4f} {report['megatron_split_step_time_s']:9.4f} {gap:>8} "
+        print(f"{name:34} {skeleton:40} {layout:>9} {report['step_time_s']:9.4f} {report['megatron_split_step_time_s']:9.4f} {gap:>8} "
               f"{' / '.join(f'{t:.3f}' for t in searched):>15} {'yes' if same else 'NO'}")
     print(f"\nlayout search {min(times):.3f}-{max(times):.3f} s over {len(times)} searches; "
           f"{'every problem gave the same answer in each run' if same_all else 'SOME ANSWERS DIFFERED between runs'}")

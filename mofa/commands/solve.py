@@ -188,7 +188,8 @@ def render_layout(report: dict) -> str:
     status += f", step gap {100 * report['step_gap']:.2f}%"
     if report.get("interrupted"):
         status += ", stopped by Ctrl-C: the best so far"
-    verdict = "launched" if report["applied"] else "not better than the split: not launched"
+    # "in the launch plan", not "launched": the exporters below may still refuse the plan (DualPipeV, MTP modules)
+    verdict = "in the launch plan" if report["applied"] else "not better than the split: the split stays in the launch plan"
     return (f"pipeline layout ({status}, {report['search_time_s']:.1f} s, {report['space_size']:.1e} layouts): "
             f"{report['step_time_s']:.4f} s against {report['megatron_split_step_time_s']:.4f} s for the split "
             f"({100 * report['gain']:+.2f}%), {verdict}\n  --pipeline-model-parallel-layout {report['layout']}"
