@@ -69,8 +69,8 @@ def cases():
     homogeneous search proposes it (the layout split: 2 layers on the first rank, 3 on the last).
     Llama 3 405B with per-chunk recompute at cp 1 (memory forces it) and cp 2 (it does not: the
     search must rule the recompute vectors out), cp 1 also under ZeRO-2, Meta's sharding, where
-    the split is 2.2 GiB over, cp 2
-    under ZeRO-2 (two gradient windows per stage), and cp 1 under Llama 3's flexible schedule
+    the split is 2.2 GiB over, cp 2 under ZeRO-2 (two gradient windows per stage), and cp 1
+    under Llama 3's flexible schedule
     (rounds of nc = 32 micro-batches on 8,192 GPUs); DeepSeek-V3 also under torchtitan's FSDP on
     1F1B (pp 16, 480 micro-batches), where a stage gathers its mean layer (tabulated), and on the
     interleaved schedule (30 gradient windows per stage: the experts' reduce-scatter a jump per

@@ -698,7 +698,7 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
     bound: DeepSeek-V3 pp 16 x vp 2 under FSDP, `mofa solve --pipeline-layouts` (its free phase
     ~6 s), proved 1.09% in 9 runs of 14 (each the first search of its process) and the work
     bound's 12.9% in 5: where the regular phase's cuts leave it a harder first round it needs
-    2.3-2.5 s, not 0.25 s, and 0.4 gave it 1.7-1.8 s; with 0.7, 1.09% in 8 runs of 8.
+    2.3-2.5 s, not 0.25 s, and 0.4 gave it 1.7-1.8 s; with 0.7, 1.09% in 14 runs of 14.
     split_fraction: the share of the time left after the local search given to
     recompute_split_bound (skeletons with recompute, with an incumbent): recompute as a yes/no
     per rank, where a rank that recomputes is over its capacity without it and pays at least
@@ -720,6 +720,8 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
         neighbour_paths = min(1000, 32768 // stages)
     n_layers = len(ctx.kind_of_layer)
     runs = kind_runs(ctx.kind_of_layer)
+    if relax_fraction is None:  # see the docstring: relaxed_bound is the only bound of free layouts of several kinds
+        relax_fraction = 0.7 if chunk_spread is None and len(runs) > 1 else 0.4
     recompute = ctx.recompute_allowed
     lin = LinearLayouts(ctx)
     tables = None  # one kind of layer, with recompute: each rank's fewest recomputed layers per layer total
@@ -967,8 +969,6 @@ def solve_layout(ctx: LayoutContext, time_limit_s: float = 10.0, workers: int = 
             # 0.02% gap in 10 s (certified in 7.0 s without); nor for free layouts, where the
             # memory binds little (DeepSeek-V3 under FSDP: 57.5 s against the work bound's 55.6)
             totals_reserve_s = min(1.5, 0.15 * time_limit_s)  # CP-SAT's round overruns its time by up to 0.7 s there
-        if relax_fraction is None:
-            relax_fraction = 0.7 if chunk_spread is None and len(runs) > 1 else 0.4
         relax_budget = relax_fraction * max(time_limit_s - (time.perf_counter() - start), 0.0)
         if refine and inc.layout is not None and not graph and level is None and relax_budget >= 0.5 and not proven and lin.without_stage_jumps() is not None:
             # the model without the per-stage jumps (relaxed_bound): its rounds close where the
