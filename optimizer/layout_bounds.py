@@ -487,6 +487,10 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
 
     With `tables` (least_recompute's, per rank; one kind of layer) a rank's work also counts
     the recompute its layer total forces: every layout that fits recomputes at least that.
+    With one kind of layer it also counts the least its chunks holding a layer pay beyond the
+    linear terms at its total (LinearLayouts.rank_held_floor_s: the gradient windows' rest,
+    ZeRO-3's first gather; inside the segment, since those chunks hold layers): Llama 3 405B
+    cp 2 under ZeRO-2, two windows per stage, 5.36 -> 5.40 s proven out of reach.
     With `memory`, each rank's memory in its kind totals (LinearLayouts.rank_total_rows, below
     its peak in every layout without recompute whose chunks differ by at most `spread` layers
     on a rank), and where `spread` is set, that the first kind-run's layers come first: a rank
@@ -518,6 +522,11 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
     # an empty chunk still runs its fixed overhead, forward and backward: the m * (vp - 1) empty
     # chunks' overhead a rank may run outside its segment path is taken off it
     overhead = int(math.ceil(2 * unit_costs(ctx)["overhead"] * TIME_SCALE)) * m * (vp - 1)
+    # with one kind of layer, a rank's least seconds beyond the linear terms per layer total
+    # (LinearLayouts.rank_held_floor_s: ZeRO-3's first gathers, the gradient windows' rest), up
+    # to the most layers its busy time allows below the goal (0 beyond: a valid floor)
+    most = min(n, max(((goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n) for r in range(pp)))
+    held_floor = lin.rank_held_floor_s(int(max(most, 0))) if most >= 1 else None
     model = cp_model.CpModel()
     layers = {(r, k): model.NewIntVar(0, count[k], "") for r in range(pp) for k in kinds}
     for k in kinds:
@@ -530,6 +539,11 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
         work.append(sum(per_layer[k] * layers[r, k] for k in kinds) + int(const[r::pp].sum()))
         if tables is not None and rec > 0:
             work[r] = work[r] + rec * least_recompute_var(model, total[r], tables[r], f"least{r}")
+        if held_floor is not None:  # what its chunks holding a layer pay beyond the linear terms, at least
+            table = [int(math.floor(x * TIME_SCALE)) for x in held_floor[r]] + [0] * (n - most)
+            beyond = model.NewIntVar(0, max(table), f"held_floor{r}")
+            model.AddElement(total[r], table, beyond)
+            work[r] = work[r] + beyond
         model.Add(m * work[r] <= z)
         rows = lin.rank_total_rows(r, spread) if memory else None
         if rows is not None:  # costs rounded down, the capacity up: every layout that fits passes

@@ -642,6 +642,66 @@ class LinearLayouts:
             return float(self.forward_s[run]), float(self.backward_s[run])
         return float(self.forward_s[run]), float(self.backward_s[run] - self.weight_s[run]), float(self.weight_s[run])
 
+    def rank_held_floor_s(self, most: int) -> np.ndarray | None:
+        """[rank, total 0..most] the least seconds per micro-batch that a rank's chunks holding a
+        layer add to its busy time beyond the per-layer and per-stage linear terms (ZeRO-3's
+        exposed first gather, the gradient windows' rest: what without_stage_jumps leaves out),
+        over every split of its total T over its chunks: min over t (sum t = T) of sum_s g_s(t_s),
+        a DP over the chunks, with g_s(t) the stage's seconds beyond the linear terms with t
+        layers on a rank of T and 0 where t = 0 (an empty chunk may run outside a rank's segment:
+        rank_order_region). The windows' rest depends on the rank's compute between two windows
+        (its gap), which with one kind of layer is its total's, so g_s depends on (t, T) alone.
+        None where it does not: more than one kind of layer, a stage's prefetch overlap that
+        depends on whether it holds a layer, or recompute under the windows (recomputed layers
+        widen the gap, which may shorten them); and where nothing is left out (all zero: ZeRO-2
+        without DP overlap, whose windows are linear).
+        Llama 3 405B cp 2 under ZeRO-2 (two windows per stage): the rest is 0.85% of a layer's
+        time per stage, which the ranks' busy time must carry to see the even split's."""
+        if len(self.runs) != 1 or self.without_stage_jumps() is None:
+            return None
+        w = self.windows
+        if w is not None and (self.recompute or np.any(w.used_first) or self.gathers is not None):
+            return None
+        pp, stages = self.ctx.pp, self.stages
+        cache = self.__dict__.setdefault("_held_floor_cache", {})  # the rows of the totals computed so far
+        if "floor" in cache and (cache["floor"] is None or cache["floor"].shape[1] > most):
+            return None if cache["floor"] is None else cache["floor"][:, :most + 1]
+        floor = np.zeros((pp, most + 1))
+        for r, mine in enumerate(self.ctx.stages_of):
+            mine = [int(s) for s in mine]
+            # g[T][j, t]: stage mine[j] with t layers, the rank's other T - t on one other chunk of its own
+            layouts, where = [], []
+            for total in range(1, most + 1):
+                for j, s in enumerate(mine):
+                    for t in range(1, total + 1):
+                        if t < total and len(mine) == 1:
+                            continue
+                        counts = np.zeros(stages, dtype=np.int64)
+                        counts[s] = t
+                        if t < total:
+                            counts[mine[(j + 1) % len(mine)]] = total - t
+                        layouts.append(counts)
+                        where.append((total, j, t, s))
+            if not layouts:
+                continue
+            counts = np.array(layouts)[:, :, None]
+            forward, backward = self.times(counts)
+            linear = counts @ (self.forward_s + self.backward_s) + (self.const_forward_s + self.const_backward_s)[None, :]
+            beyond = forward.T + backward.T - linear  # [K, stage]
+            beyond = np.where(beyond > 1e-9 * float(self.forward_s[0] + self.backward_s[0]), beyond, 0.0)  # float dust: 0 (a lower floor)
+            g = np.full((most + 1, len(mine), most + 1), np.inf)
+            g[:, :, 0] = 0.0
+            for k, (total, j, t, s) in enumerate(where):
+                g[total, j, t] = beyond[k, s]
+            for total in range(1, most + 1):
+                best = np.full(total + 1, np.inf)  # least over the chunks so far, by the layers they hold
+                best[0] = 0.0
+                for j in range(len(mine)):
+                    best = np.array([min(best[a] + g[total, j, b - a] for a in range(b + 1)) for b in range(total + 1)])
+                floor[r, total] = best[total]
+        cache["floor"] = floor if floor.any() else None
+        return cache["floor"]
+
     def rank_rows(self, counts: np.ndarray, recomputed: np.ndarray | None = None) -> list[np.ndarray]:
         """Per rank, [K, 1 + vectors] the peak bytes of each memory row (rank_memory_terms):
         the optimizer transient's, then each in-flight vector's; the rank's peak is their max.

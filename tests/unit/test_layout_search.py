@@ -451,6 +451,56 @@ def test_rank_totals_bound_holds_for_every_layout(tmp_path, columns):
         assert found is not None and work * (1 - 1e-6) <= found <= best * (1 + 1e-9)
 
 
+@SHARDINGS
+def test_rank_held_floor_is_each_ranks_least_over_every_layout(tmp_path, columns):
+    """LinearLayouts.rank_held_floor_s, the least seconds per micro-batch a rank's chunks holding
+    a layer pay beyond the linear terms (the windows' rest, ZeRO-3's first gather) at each layer
+    total, is exactly the least over every layout of one kind of layer (8 layers on pp 2 x vp 2,
+    8 windows per stage, every layout enumerated: each rank's every split of each total occurs)
+    of the sum over the rank's chunks that hold a layer (relative 1e-9), so the busy time it adds
+    in rank_order_region holds for every layout; and rank_totals_bound with it proves no more
+    than the fastest layout that fits, free and regular (the GPU at the median layout's peak).
+    None where the floor would not hold: without DP overlap nothing is left out beyond the
+    linear terms; ZeRO-3's prefetch overlap per stage holding a layer moves the gap."""
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_bounds import rank_totals_bound, work_bound_s
+    from optimizer.layout_linear import LinearLayouts
+
+    path = tmp_path / "tiny_dense.yaml"
+    path.write_text(TINY_DENSE.replace("LAYERS", "8"))
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=4, last_layers=4, pp_schedule=PP_SCHEDULES.index("interleaved_1f1b"),
+                                   **columns)
+    roomy = layout_context(load_problem(str(path), []), cfg)
+    lin = LinearLayouts(roomy)
+    floor = lin.rank_held_floor_s(8)
+    assert (floor is not None) == (lin.windows is not None and not np.any(lin.windows.used_first))
+    if floor is None:
+        return
+    assert floor.shape == (2, 9) and (floor[:, 0] == 0).all() and (floor[:, 1:] > 0).all()  # the windows' rest, on a stage holding a layer
+    scored = list(enumerate_layouts(roomy))
+    decoders = np.array([layout.decoders for layout, _ in scored])
+    counts = lin.run_counts(decoders)
+    forward, backward = lin.times(counts)
+    beyond = forward.T + backward.T - (counts @ (lin.forward_s + lin.backward_s) + lin.const_forward_s + lin.const_backward_s)
+    beyond = np.where(decoders > 0, beyond, 0.0)  # a rank's empty chunks count nothing
+    for r, mine in enumerate(roomy.stages_of):
+        totals = decoders[:, mine].sum(axis=1)
+        paid = beyond[:, mine].sum(axis=1)
+        for total in range(1, 9):
+            assert floor[r, total] == pytest.approx(paid[totals == total].min(), rel=1e-9)
+    peaks = sorted(float(score.peak_bytes.max()) for _, score in scored)
+    ctx = layout_context(load_problem(str(path), [f"hardware.memory_mib={int(peaks[len(peaks) // 2] / 2**20)}"]), cfg)
+    lin = LinearLayouts(ctx)
+    scored = list(enumerate_layouts(ctx))
+    makespans = np.array([score.pipeline_s - score.pp_exposed_s for _, score in scored])
+    fits = np.array([score.fits for _, score in scored])
+    is_regular = np.array([regular(layout, 1) for layout, _ in scored])
+    work = work_bound_s(ctx, lin)
+    for spread, space in ((None, np.ones(len(scored), dtype=bool)), (1, is_regular)):
+        found = rank_totals_bound(ctx, work * (1 - 1e-6), float(makespans.max()), lin, time_limit_s=5.0, spread=spread)
+        assert found is not None and found <= float(makespans[space & fits].min()) * (1 + 1e-9)
+
+
 def test_torchtitan_pipeline_buffers_are_searched():
     """torchtitan's PyTorch pipelining keeps buffers per micro-batch, which the ledger prices on
     its in-flight count (held bytes over the rank's mean chunk, not linear in the counts), so
