@@ -220,6 +220,55 @@ def run_count_vars(model: cp_model.CpModel, t, prefix, runs, upper: int, tag: st
     return [[clipped[j][s] - (clipped[j][s - 1] if s else a) for j, (_, a, _) in enumerate(runs)] for s in range(stages)], clipped
 
 
+def table_value(model: cp_model.CpModel, index, values: list[int]):
+    """values[index] as a new variable (an element constraint), for the model to take through a
+    one-sided bound that its objective pulls onto it, never as a term itself: presolve gives an
+    element's target the table's values as its domain, a union of points, and where the gather
+    tables' targets sat in the stage times it summed those through the path cuts and the
+    windows' max into domains of up to 1M intervals (DeepSeek-V3 on pp 16 x vp 2 under FSDP: a
+    round's presolve 26 s, past its time limit by 1.4 s; with the bound, 4.5 s, at most 89
+    intervals). The bound is exact: a layout's least price has it at the value."""
+    value = model.NewIntVar(min(values), max(values), "")
+    model.AddElement(index, values, value)
+    return value
+
+
+def gather_rest_vars(model: cp_model.CpModel, lin, t: list, prefix: list, n_layers: int, most: np.ndarray) -> tuple[list, list, list, float]:
+    """ZeRO-3 with more than one kind of layer (LinearLayouts.gathers): each stage's gathers
+    beyond the linear terms, by table at the stage's first layer and its layer count, as
+    variables held at least at the table's value rounded down (table_value: the model's price
+    is never above the exact model's, and its objective pulls the variable onto the value).
+    `most`: per stage the most layers it holds in a layout that fits (the index domains).
+    Returns per stage (the forward's rest, the backward's rest: 0 where a pass gathers
+    nothing), each stage's table index (solve_layout's window_vars read the prefetches' overlap
+    by it) and the most seconds of both passes' rest per stage."""
+    g = lin.gathers
+    stages = len(t)
+    rest_f, rest_b, table_index = [0] * stages, [0] * stages, []
+    for s in range(stages):
+        if s < stages - 1:
+            # only the runs that exist (start + t <= n) and fit (t <= the most layers the
+            # stage holds in a layout that fits): CP-SAT presolves an element into a literal
+            # per value of its index (DeepSeek-V3 on pp 16 x vp 2 under FSDP: 73k literals,
+            # 3.3 s of presolve past a 1.5 s limit, over the whole square)
+            runs_here = [start * (n_layers + 1) + count for start in range(n_layers + 1)
+                         for count in range(min(int(most[s]), n_layers - start) + 1)]
+            index = model.NewIntVarFromDomain(cp_model.Domain.FromValues(runs_here), f"run{s}")
+            model.Add(index == (prefix[s - 1] if s else 0) * (n_layers + 1) + t[s])
+            by_pass = (g.middle_f.ravel(), g.middle_b.ravel())
+        else:
+            index, by_pass = (prefix[s - 1] if s else 0), (g.last_f, g.last_b)
+        table_index.append(index)
+        for out, table in zip((rest_f, rest_b), by_pass):
+            if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
+                continue
+            values = [max(int(math.floor(v * TIME_SCALE)), 0) for v in table]  # rounded down: never above the exact model
+            rest = model.NewIntVar(0, max(values), "")  # only lengthens the paths: at its least, the value
+            model.Add(rest >= table_value(model, index, values))
+            out[s] = rest
+    return rest_f, rest_b, table_index, float(max(g.middle_f.max(), g.last_f.max()) + max(g.middle_b.max(), g.last_b.max()))
+
+
 def path_of(ctx: LayoutContext, score) -> tuple[np.ndarray, np.ndarray]:
     """A longest path of the scored layout's schedule (ScheduleGraph.path; critical_path on the
     simulation finds one of the same length)."""

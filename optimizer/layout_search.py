@@ -69,6 +69,7 @@ from optimizer.layout_rounds import (
     LayoutSolution,
     TIME_SCALE,
     answers_by,
+    gather_rest_vars,
     layout_makespan,
     memo_scorer,
     path_of,
@@ -78,6 +79,7 @@ from optimizer.layout_rounds import (
     round_below,
     round_solver,
     run_count_vars,
+    table_value,
 )
 from optimizer.layout_seeds import ROUND_STARTS, anneal, fill_seed, local_search, packed_seeds, round_seed_pair
 from optimizer.schedule_graph import segment_paths
@@ -93,19 +95,6 @@ def fix_bool(model: cp_model.CpModel, var, value: int | None) -> None:
     """Fix a boolean of the model between solves (None: free it again), through its domain:
     presolve then drops the constraints it disables."""
     cp_solver.set_domain(model, var, *((0, 1) if value is None else (value, value)))
-
-
-def table_value(model: cp_model.CpModel, index, values: list[int]):
-    """values[index] as a new variable (an element constraint), for the model to take through a
-    one-sided bound that its objective pulls onto it, never as a term itself: presolve gives an
-    element's target the table's values as its domain, a union of points, and where the gather
-    tables' targets sat in the stage times it summed those through the path cuts and the
-    windows' max into domains of up to 1M intervals (DeepSeek-V3 on pp 16 x vp 2 under FSDP: a
-    round's presolve 26 s, past its time limit by 1.4 s; with the bound, 4.5 s, at most 89
-    intervals). The bound is exact: a layout's least price has it at the value."""
-    value = model.NewIntVar(min(values), max(values), "")
-    model.AddElement(index, values, value)
-    return value
 
 
 def check_searchable(ctx: LayoutContext) -> None:
@@ -235,30 +224,10 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     # table (LinearLayouts.gathers) at the stage's first layer and its layer count
     gather_max_s, table_index = 0.0, []
     if lin.gathers is not None:
-        g = lin.gathers
         most = np.minimum(lin.most_layers(), n_layers if max_layers is None else max_layers)
-        for s in range(stages):
-            if s < stages - 1:
-                # only the runs that exist (start + t <= n) and fit (t <= the most layers the
-                # stage holds in a layout that fits): CP-SAT presolves an element into a literal
-                # per value of its index (DeepSeek-V3 on pp 16 x vp 2 under FSDP: 73k literals,
-                # 3.3 s of presolve past a 1.5 s limit, over the whole square)
-                runs_here = [start * (n_layers + 1) + count for start in range(n_layers + 1)
-                             for count in range(min(int(most[s]), n_layers - start) + 1)]
-                index = model.NewIntVarFromDomain(cp_model.Domain.FromValues(runs_here), f"run{s}")
-                model.Add(index == (prefix[s - 1] if s else 0) * (n_layers + 1) + t[s])
-                by_pass = (g.middle_f.ravel(), g.middle_b.ravel())
-            else:
-                index, by_pass = (prefix[s - 1] if s else 0), (g.last_f, g.last_b)
-            table_index.append(index)
-            for expr, table in zip((f_expr, b_expr), by_pass):
-                if not table.any():  # no gathers in this pass (kept after the forward: none in the backward)
-                    continue
-                values = [max(int(math.floor(v * TIME_SCALE)), 0) for v in table]  # rounded down: never above the exact model
-                rest = model.NewIntVar(0, max(values), "")  # only lengthens the paths: at its least, the value
-                model.Add(rest >= table_value(model, index, values))
-                expr[s] += rest
-        gather_max_s = float(max(g.middle_f.max(), g.last_f.max()) + max(g.middle_b.max(), g.last_b.max()))
+        rest_f, rest_b, table_index, gather_max_s = gather_rest_vars(model, lin, t, prefix, n_layers, most)
+        f_expr = [x + y for x, y in zip(f_expr, rest_f)]
+        b_expr = [x + y for x, y in zip(b_expr, rest_b)]
     # ZeRO-2/3's earlier gradient windows: each stage's backward gains its exposed reduce-scatters
     window, window_max_s, extra_err_ns = [0] * stages, 0.0, 1.0 if lin.gathers is not None else 0.0
     if lin.windows is not None:

@@ -238,7 +238,9 @@ def test_dualpipev_gradient_windows_are_searched_and_match_enumeration(tmp_path,
     every V layout of DeepSeek-V3's kinds (3 dense and 4 MoE layers, MTP) as the exact model
     does (forward, backward and its weight-gradient part, what fits), and vee_layout_search,
     whose CP-SAT model leaves out what a stage pays for holding a layer (the first gather, the
-    tables' and the windows' rest: >= 0, so its bound holds), from the slowest layout that fits
+    tables' and the windows' rest: >= 0, so its bound holds) in a first phase and prices the
+    first gather and the tables' rest in a second (vee_model's jumps; the windows' rest stays
+    out), from the slowest layout that fits
     certifies the least simulated makespan of the 120 layouts, enumerated, roomy and at the
     median layout's peak (tolerance 1e-6 relative). `mofa solve --pipeline-layouts` searches
     it (it was refused) and never does worse than the V split; a heavy stage's traffic grows
@@ -283,6 +285,56 @@ def test_dualpipev_gradient_windows_are_searched_and_match_enumeration(tmp_path,
     heavy = StageLayout.from_stage_sizes(2, 2, [1, 1, 1, 4], 1, vee=True)
     sharded, unsharded = np.add(*stage_times(roomy, heavy)), np.add(*stage_times(plain, heavy))
     assert (sharded > unsharded).all() and np.argmax(sharded - unsharded) == 3
+
+
+@SHARDINGS
+def test_vee_model_prices_each_stage_as_the_linear_times(tmp_path, columns):
+    """vee_model's stage times (DualPipeV's forward, input-gradient and weight-gradient passes,
+    integer nanoseconds) on every fourth of the 120 V layouts of DeepSeek-V3's kinds under
+    ZeRO-2/3: with the jumps, LinearLayouts.pass_times' less the windows' rest (which the model
+    leaves out), rounded down by less than 1 ns a term (the layers of each run, the constant,
+    the first gather, the table's rest); without, also less what a stage pays for holding a
+    layer (the first gather, the gather tables' rest), so at most that. Either way never above
+    the exact times: every path cut and rank row holds for every layout that may fit (with the
+    tables, only those: a stage over LinearLayouts.most_layers is outside their index domain)."""
+    from ortools.sat.python import cp_model
+
+    from costmodel.specs import PP_SCHEDULES
+    from optimizer.layout_linear import LinearLayouts
+    from optimizer.layout_vee import vee_model
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, ep=8, mbs=1, first_layers=3, last_layers=4, pp_schedule=PP_SCHEDULES.index("dualpipev"),
+                                   **columns)
+    ctx = layout_context(load_problem(str(path), []), cfg)
+    lin = LinearLayouts(ctx)
+    held_terms = bool(lin.first_forward_s.any() or lin.first_backward_s.any() or lin.gathers is not None)
+    assert held_terms and (lin.gathers is not None) == (columns["zero_stage"] == 3)  # ZeRO-2: the windows' share per stage held
+    plain = lin.without_stage_jumps()
+    most = lin.most_layers()
+    for layout, _ in list(enumerate_layouts(ctx))[::4]:
+        counts, _ = lin.layout_counts(np.array([layout.decoders + layout.recompute]))
+        if (np.array(layout.decoders) > most).any():  # the gather tables' index domains hold only layouts that may fit
+            assert not lin.fits(counts)[0]
+            continue
+        exact = [x[:, 0] * 1e9 for x in lin.pass_times(counts)]
+        exact[1] = exact[1] - lin.window_s(counts)[0] * 1e9
+        relaxed = [x[:, 0] * 1e9 for x in (plain or lin).pass_times(counts)]
+        terms = 2 * len(lin.runs) + 1 + 2 * held_terms
+        for jumps, target in ((True, exact), (False, relaxed)):
+            vm = vee_model(ctx, lin, jumps=jumps)
+            for t, value in zip(vm.t, layout.decoders):
+                vm.model.Add(t == value)
+            vm.model.Minimize(sum(vm.forward) + sum(vm.backward) + sum(vm.weight))  # each table's rest onto its value
+            solver = cp_model.CpSolver()
+            assert solver.Solve(vm.model) == cp_model.OPTIMAL
+            for exprs, seconds in zip((vm.forward, vm.backward, vm.weight), target):
+                priced = np.array([solver.Value(e) for e in exprs], dtype=float)
+                assert (priced <= seconds + 1e-6).all() and (priced > seconds - terms - 1e-6).all()
+            if not jumps and columns["zero_stage"] == 3:  # the first gather, left out (ZeRO-2's per stage share: ns here)
+                total = solver.Value(sum(vm.forward) + sum(vm.backward) + sum(vm.weight))
+                assert total < sum(x.sum() for x in exact) - 3 * terms * len(vm.t)
 
 
 @SHARDINGS
