@@ -524,8 +524,11 @@ def rank_order_region(ctx: LayoutContext, below_s: float, lin: "LinearLayouts | 
     overhead = int(math.ceil(2 * unit_costs(ctx)["overhead"] * TIME_SCALE)) * m * (vp - 1)
     # with one kind of layer, a rank's least seconds beyond the linear terms per layer total
     # (LinearLayouts.rank_held_floor_s: ZeRO-3's first gathers, the gradient windows' rest), up
-    # to the most layers its busy time allows below the goal (0 beyond: a valid floor)
-    most = min(n, max(((goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n) for r in range(pp)))
+    # to the most layers its busy time allows below the goal and twice a rank's share (0 beyond:
+    # a valid floor; the table costs ~vp * most^2 stage vectors, and a goal far above every
+    # layout, NO_GOAL_S's feasibility test, would ask for all n)
+    most = min(n, 2 * math.ceil(n / pp) + 2,
+               max(((goal - m * int(const[r::pp].sum())) // (m * delta) if delta > 0 else n) for r in range(pp)))
     held_floor = lin.rank_held_floor_s(int(max(most, 0))) if most >= 1 else None
     model = cp_model.CpModel()
     layers = {(r, k): model.NewIntVar(0, count[k], "") for r in range(pp) for k in kinds}
