@@ -233,6 +233,16 @@ def table_value(model: cp_model.CpModel, index, values: list[int]):
     return value
 
 
+def held_vars(model: cp_model.CpModel, t: list) -> list:
+    """A boolean per stage: whether it holds a decoder layer (t_s >= 1), for what a stage pays
+    for holding one (ZeRO-3's first gather, the gradient windows)."""
+    held = [model.NewBoolVar(f"held{s}") for s in range(len(t))]
+    for s, h in enumerate(held):
+        model.Add(t[s] >= 1).OnlyEnforceIf(h)
+        model.Add(t[s] == 0).OnlyEnforceIf(h.Not())
+    return held
+
+
 def gather_rest_vars(model: cp_model.CpModel, lin, t: list, prefix: list, n_layers: int, most: np.ndarray) -> tuple[list, list, list, float]:
     """ZeRO-3 with more than one kind of layer (LinearLayouts.gathers): each stage's gathers
     beyond the linear terms, by table at the stage's first layer and its layer count, as

@@ -70,6 +70,7 @@ from optimizer.layout_rounds import (
     TIME_SCALE,
     answers_by,
     gather_rest_vars,
+    held_vars,
     layout_makespan,
     memo_scorer,
     path_of,
@@ -210,12 +211,7 @@ def build_layout_model(ctx: LayoutContext, lin: LinearLayouts, min_layers: int =
     b_expr = [sum(bwd[j] * run_counts[s][j] + rec[j] * rc_counts[s][j] for j in range(len(runs))) + int(round(const_b[s] * TIME_SCALE))
               for s in range(stages)]
     first_gather = bool(np.any(lin.first_forward_s) or np.any(lin.first_backward_s))
-    held = []
-    if first_gather or lin.windows is not None:
-        for s in range(stages):
-            held.append(model.NewBoolVar(f"held{s}"))
-            model.Add(t[s] >= 1).OnlyEnforceIf(held[s])
-            model.Add(t[s] == 0).OnlyEnforceIf(held[s].Not())
+    held = held_vars(model, t) if first_gather or lin.windows is not None else []
     if first_gather:
         for s in range(stages):
             f_expr[s] += int(round(lin.first_forward_s[s] * TIME_SCALE)) * held[s]

@@ -22,6 +22,7 @@ from optimizer.layout_rounds import (
     LayoutSolution,
     TIME_SCALE,
     gather_rest_vars,
+    held_vars,
     layout_makespan,
     memo_scorer,
     path_sum,
@@ -50,6 +51,12 @@ class VeeModel:
     backward: list
     weight: list
     z: object
+
+
+def prices_jumps(lin: "LinearLayouts") -> bool:
+    """Whether vee_model(jumps=True) prices more than without: stages that pay for holding a
+    layer (ZeRO-3's exposed first gather, the gather tables' rest)."""
+    return bool(lin.first_forward_s.any() or lin.first_backward_s.any() or lin.gathers is not None)
 
 
 def vee_model(ctx: LayoutContext, lin: "LinearLayouts", block: int | None = None, jumps: bool = True) -> VeeModel:
@@ -94,10 +101,7 @@ def vee_model(ctx: LayoutContext, lin: "LinearLayouts", block: int | None = None
         # in the input-gradient pass, LinearLayouts.times), a boolean per stage: without it the
         # model priced DeepSeek-V3's V under FSDP kept after the forward at 42.8 s against 46.5 s
         # (two stages x 120 micro-batches x 6 ms a rank), and its bound stalled 4.6% below
-        held = [model.NewBoolVar(f"held{s}") for s in range(stages)]
-        for s in range(stages):
-            model.Add(t[s] >= 1).OnlyEnforceIf(held[s])
-            model.Add(t[s] == 0).OnlyEnforceIf(held[s].Not())
+        held = held_vars(model, t)
         forward = [x + max(ns(lin.first_forward_s[s]), 0) * held[s] for s, x in enumerate(forward)]
         backward = [x + max(ns(lin.first_backward_s[s]), 0) * held[s] for s, x in enumerate(backward)]
     per_stage = ns(max(lin.first_forward_s.max(), 0.0) + max(lin.first_backward_s.max(), 0.0)) if jumps else 0  # a stage's jumps, at most
@@ -157,7 +161,7 @@ def vee_rounds(ctx: LayoutContext, best: StageLayout, score_of, deadline: float,
     rows = MemoryRows(model, ctx, lin, vm.counts, vm.recomputed)
     # integer nanoseconds rounded down: a path of <= 3 m stages ops, each under by < 1 ns per
     # term (the layers of each run, the constant; with jumps the first gather and its table's rest)
-    held = jumps and bool(lin.first_forward_s.any() or lin.first_backward_s.any() or lin.gathers is not None)
+    held = jumps and prices_jumps(lin)
     slack = 3 * ctx.microbatches * stages * (2 * len(lin.runs) + 1 + 2 * held) / TIME_SCALE
 
     def vectors(decoders: np.ndarray) -> np.ndarray:
@@ -268,7 +272,7 @@ def vee_layout_search(ctx: LayoutContext, time_limit_s: float, start: StageLayou
         if score_of(best).fits:
             deadline = start_time + time_limit_s
             lin = LinearLayouts(ctx)
-            if lin.first_forward_s.any() or lin.first_backward_s.any() or lin.gathers is not None:
+            if prices_jumps(lin):
                 # stages pay for holding a layer: the rounds of the model without it first (a
                 # relaxation, ~10x faster a round: many answers, which improve the incumbent),
                 # until they stall or half the time is gone, then the model with it, from their

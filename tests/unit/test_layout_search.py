@@ -301,7 +301,7 @@ def test_vee_model_prices_each_stage_as_the_linear_times(tmp_path, columns):
 
     from costmodel.specs import PP_SCHEDULES
     from optimizer.layout_linear import LinearLayouts
-    from optimizer.layout_vee import vee_model
+    from optimizer.layout_vee import prices_jumps, vee_model
 
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
@@ -309,7 +309,7 @@ def test_vee_model_prices_each_stage_as_the_linear_times(tmp_path, columns):
                                    **columns)
     ctx = layout_context(load_problem(str(path), []), cfg)
     lin = LinearLayouts(ctx)
-    held_terms = bool(lin.first_forward_s.any() or lin.first_backward_s.any() or lin.gathers is not None)
+    held_terms = prices_jumps(lin)
     assert held_terms and (lin.gathers is not None) == (columns["zero_stage"] == 3)  # ZeRO-2: the windows' share per stage held
     plain = lin.without_stage_jumps()
     most = lin.most_layers()
