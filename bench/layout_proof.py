@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import numpy as np  # noqa: E402
-from scipy.optimize import linprog  # noqa: E402
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp  # noqa: E402
 from scipy.sparse import coo_matrix  # noqa: E402
 
 from bench_layouts import cases  # noqa: E402
@@ -53,12 +53,19 @@ from optimizer.schedule_graph import schedule_graph  # noqa: E402
 CASE = "tp8 cp1 pp16 vp8, per-chunk recompute"
 
 
+class NotAffine(ValueError):
+    """The skeleton's memory rows are not affine in the layer and recompute counts (activation
+    offload's layers in transit, for one): no linear program of them."""
+
+
 def memory_rows(ctx, lin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's memory rows of LinearLayouts.rank_rows as linear forms, read off by probing
     it (one kind of decoder layer): (row constant [row], coefficients [row, 2 * stage + rank]
     on (layers, recomputed layers) per stage and a 0/1 'the rank recomputes' per rank, rank
-    of each row). Exact where rank_rows is affine in the counts, which the probe checks."""
+    of each row; without recompute, the recompute terms 0). Exact where rank_rows is affine in
+    the counts, which the probe checks."""
     stages, pp = lin.stages, ctx.pp
+    recompute = ctx.recompute_allowed
     probes = [np.zeros(2 * stages, dtype=np.int64)]
     for s in range(stages):
         for layers, again in ((1, 0), (1, 1), (2, 2)):
@@ -66,7 +73,7 @@ def memory_rows(ctx, lin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             vector[s], vector[stages + s] = layers, again
             probes.append(vector)
     counts, recomputed = lin.layout_counts(np.array(probes))
-    rows = lin.rank_rows(counts, recomputed)  # per rank [probe, row]
+    rows = lin.rank_rows(counts, recomputed if recompute else None)  # per rank [probe, row]
     constants, coefficients, owner = [], [], []
     for r, values in enumerate(rows):
         zero = values[0]
@@ -88,24 +95,25 @@ def memory_rows(ctx, lin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     decoders = np.bincount(rng.integers(0, stages, len(ctx.kind_of_layer)), minlength=stages)  # the model's layers, at random
     again = np.minimum(rng.integers(0, 2, stages), decoders)
     counts, recomputed = lin.layout_counts(np.concatenate([decoders, again])[None])
-    truth = np.concatenate([values[0] for values in lin.rank_rows(counts, recomputed)])
+    truth = np.concatenate([values[0] for values in lin.rank_rows(counts, recomputed if recompute else None)])
     any_again = np.array([float(again[ctx.stages_of[r]].sum() > 0) for r in range(pp)])
     mine = constants + coefficients @ np.concatenate([decoders, again, any_again])
     if not np.allclose(mine, truth, rtol=1e-9, atol=1.0):
-        raise SystemExit("the memory rows are not affine in the layer and recompute counts on this skeleton: no proof here")
+        raise NotAffine("the memory rows are not affine in the layer and recompute counts on this skeleton")
     return constants, coefficients, np.array(owner)
 
 
-def event_lp(ctx, lin, graph, tables, most: int):
-    """The LP relaxation of the whole event graph, built once: a function of the bounds on
-    each stage's layers and recomputed layers (low, high: [2 * stage] arrays, layers then
-    recomputed; None for 0 and `most`) giving the least makespan (seconds) of the layouts
-    within them (inf where none fits). Variables: layers and recomputed layers per stage, a 0..1
-    'the rank recomputes' per rank, an end time per node of the schedule graph, the makespan z;
-    minimise z. With every count fixed it is that layout's makespan on the schedule graph
-    where the layout fits (its longest path: the LP of a longest path is exact), else inf."""
+def event_program(ctx, lin, graph, tables, most: int) -> dict:
+    """The whole event graph as a linear program, built once (event_lp solves it as an LP,
+    event_mip as a MIP). Variables: layers and recomputed layers per stage, a 0..1 'the rank
+    recomputes' per rank, an end time per node of the schedule graph, the makespan z. Rows:
+    each node ends after its rank's previous node and its inputs plus its duration (linear in
+    its stage's counts), every rank's memory rows (memory_rows), and with recompute (`tables`:
+    least_recompute's, per rank) y_s <= most * w_r, y_s <= x_s and the fewest recomputed layers
+    at each rank total as its lower convex envelope; without (`tables` None) every y_s is 0.
+    Times in units of one layer's forward (better conditioned): `unit` seconds."""
     stages, pp, n_nodes = lin.stages, ctx.pp, graph.ops
-    unit = float(lin.forward_s[0])  # LP in units of one layer's forward: better conditioned
+    unit = float(lin.forward_s[0])
     f1, b1, rec = 1.0, float(lin.backward_s[0]) / unit, float(lin.recompute_s[0]) / unit
     cf, cb = lin.const_forward_s / unit, lin.const_backward_s / unit
     n_vars = 2 * stages + pp + n_nodes + 1
@@ -144,7 +152,7 @@ def event_lp(ctx, lin, graph, tables, most: int):
     constants, coefficients, _ = memory_rows(ctx, lin)
     for c0, coef in zip(constants, coefficients):
         add([(j, v / 2**30) for j, v in enumerate(coef) if v], (lin.capacity - c0) / 2**30)
-    for r in range(pp):
+    for r in range(pp) if tables is not None else ():
         mine = [int(s) for s in ctx.stages_of[r]]
         for s in mine:  # y_s <= most * w_r, y_s <= x_s
             add([(stages + s, 1.0), (2 * stages + r, -float(most))], 0.0)
@@ -154,24 +162,75 @@ def event_lp(ctx, lin, graph, tables, most: int):
         for (n1, v1), (n2, v2) in lower_envelope(tables[r]):
             add([(stages + s, -float(n2 - n1)) for s in mine] + [(s, float(v2 - v1)) for s in mine], -float(v1 * n2 - v2 * n1))
         add([(s, 1.0) for s in mine], float(len(tables[r]) - 1))
-    a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_vars)).tocsr()
-    a_eq = coo_matrix((np.ones(stages), (np.zeros(stages), np.arange(stages))), shape=(1, n_vars))
-    b_ub = np.array(rhs)
     objective = np.zeros(n_vars)
     objective[z] = 1.0
+    return dict(objective=objective, a_ub=coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_vars)).tocsr(), b_ub=np.array(rhs),
+                a_eq=coo_matrix((np.ones(stages), (np.zeros(stages), np.arange(stages))), shape=(1, n_vars)),
+                b_eq=float(len(ctx.kind_of_layer)), n_vars=n_vars, unit=unit, stages=stages, pp=pp, most=most,
+                recompute=tables is not None)
+
+
+def program_bounds(program: dict, low: np.ndarray | None = None, high: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bound per variable of event_program's program: the counts within low and
+    high ([2 * stage] arrays, layers then recomputed; None for 0 and `most`), recomputed layers
+    0 without recompute, the ranks' booleans 0..1, end times and makespan >= 0."""
+    stages, pp, most = program["stages"], program["pp"], program["most"]
+    low = np.zeros(2 * stages) if low is None else np.asarray(low, dtype=float)
+    high = np.full(2 * stages, float(most)) if high is None else np.asarray(high, dtype=float).copy()
+    if not program["recompute"]:
+        high[stages:] = 0.0
+    n_rest = program["n_vars"] - 2 * stages - pp
+    lower = np.concatenate([low, np.zeros(pp), np.zeros(n_rest)])
+    upper = np.concatenate([high, np.ones(pp) if program["recompute"] else np.zeros(pp), np.full(n_rest, np.inf)])
+    return lower, upper
+
+
+def event_lp(ctx, lin, graph, tables, most: int):
+    """The LP relaxation of the whole event graph (event_program), built once: a function of the
+    bounds on each stage's layers and recomputed layers (low, high: [2 * stage] arrays, layers
+    then recomputed; None for 0 and `most`) giving the least makespan (seconds) of the layouts
+    within them (inf where none fits). With every count fixed it is that layout's makespan on
+    the schedule graph where the layout fits (its longest path: the LP of a longest path is
+    exact), else inf."""
+    program = event_program(ctx, lin, graph, tables, most)
 
     def least_makespan(low: np.ndarray | None = None, high: np.ndarray | None = None) -> float:
-        low = np.zeros(2 * stages) if low is None else np.asarray(low, dtype=float)
-        high = np.full(2 * stages, float(most)) if high is None else np.asarray(high, dtype=float)
-        bounds = list(zip(low, high)) + [(0.0, 1.0)] * pp + [(0.0, None)] * (n_nodes + 1)
-        result = linprog(objective, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=[len(ctx.kind_of_layer)], bounds=bounds, method="highs-ipm")
+        bounds = list(zip(*program_bounds(program, low, high)))
+        bounds = [(lo, None if hi == np.inf else hi) for lo, hi in bounds]
+        result = linprog(program["objective"], A_ub=program["a_ub"], b_ub=program["b_ub"], A_eq=program["a_eq"], b_eq=[program["b_eq"]],
+                         bounds=bounds, method="highs-ipm")
         if result.status == 2:  # infeasible: no layout within these bounds fits
             return float("inf")
         if result.status != 0:
             raise RuntimeError(f"LP failed: {result.message}")
-        return float(result.fun) * unit
+        return float(result.fun) * program["unit"]
 
     return least_makespan
+
+
+def event_mip(ctx, lin, graph, tables, most: int, time_limit_s: float) -> tuple[float, float, np.ndarray | None]:
+    """HiGHS' branch and bound over the whole event graph (event_program with integer layer and
+    recomputed-layer counts and integer 'the rank recomputes'): exact on the schedule graph for
+    skeletons without per-stage jumps (LinearLayouts.without_stage_jumps() None), a relaxation
+    of it otherwise. Returns (the best layout's makespan in seconds, inf where none was found;
+    the proven lower bound in seconds; the layout as [2 * stage] layers then recomputed layers,
+    or None) after at most `time_limit_s`."""
+    program = event_program(ctx, lin, graph, tables, most)
+    stages, pp = program["stages"], program["pp"]
+    integrality = np.zeros(program["n_vars"])
+    integrality[:2 * stages + pp] = 1
+    result = milp(program["objective"], integrality=integrality, bounds=Bounds(*program_bounds(program)),
+                  constraints=[LinearConstraint(program["a_ub"], -np.inf, program["b_ub"]),
+                               LinearConstraint(program["a_eq"], program["b_eq"], program["b_eq"])],
+                  options={"time_limit": time_limit_s})
+    unit = program["unit"]
+    bound = getattr(result, "mip_dual_bound", None)
+    bound = -np.inf if bound is None or not np.isfinite(bound) else float(bound) * unit
+    if result.x is None:
+        return float("inf"), (float("inf") if result.status == 2 else bound), None
+    if result.status == 0:  # solved: the bound is the optimum (to HiGHS' gap tolerance, 1e-4 relative)
+        bound = max(bound, float(result.fun) * unit * (1 - 1e-4))
+    return float(result.fun) * unit, bound, np.round(result.x[:2 * stages]).astype(np.int64)
 
 
 def main() -> None:
@@ -202,7 +261,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     tables = [least_recompute(ctx, lin, r, n) for r in range(ctx.pp)]
-    least_makespan = event_lp(ctx, lin, graph, tables, max(len(t) for t in tables) - 1)
+    try:
+        least_makespan = event_lp(ctx, lin, graph, tables, max(len(t) for t in tables) - 1)
+    except NotAffine as exc:
+        raise SystemExit(f"{exc}: no proof here") from None
     values = []
     for s in range(stages):
         low = np.zeros(2 * stages)

@@ -5,7 +5,8 @@ recompute vectors, every one scored), at capacities where memory forces recomput
 in docs/pipeline_layouts.md ("Proven offline") rests on two properties checked here: with
 every count fixed the LP is that layout's makespan (or infeasible where it does not fit), and
 with a stage forced above k layers its value is below every fitting layout that has such a
-stage."""
+stage. The same program solved as a MIP (event_mip, bench/layout_gaps.py's measurement) is the
+least makespan of every layout that fits, with recompute and without."""
 
 import importlib.util
 
@@ -34,12 +35,12 @@ def proof_module():
     return module
 
 
-def instance(tmp_path, memory_mib):
+def instance(tmp_path, memory_mib, recompute=True):
     path = tmp_path / "tiny_dense_recompute.yaml"
     path.write_text(TINY_DENSE)
     problem = load_problem(str(path), [f"hardware.memory_mib={memory_mib}"])
-    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=1, last_layers=1, zero_stage=1,
-                                   recompute=2, recompute_method=1, recompute_layers=1)
+    full = dict(recompute=2, recompute_method=1, recompute_layers=1) if recompute else {}
+    cfg = ConfigBatch.from_columns(64, tp=8, pp=2, vp=2, mbs=1, first_layers=1, last_layers=1, zero_stage=1, **full)
     ctx = layout_context(problem, cfg)
     lin = LinearLayouts(ctx)
     n = len(ctx.kind_of_layer)
@@ -97,3 +98,26 @@ def test_event_lp_is_each_layouts_makespan_and_bounds_the_big_stages(tmp_path, p
             above = fits & (vectors[:, s] >= k + 1)
             if above.any():
                 assert bound <= makespan[above].min() * (1 + 1e-7)
+
+
+@pytest.mark.parametrize("memory_mib,recompute", [(12000, True), (10000, True), (14000, False)])
+def test_event_mip_is_the_least_makespan_of_every_layout_that_fits(tmp_path, proof, memory_mib, recompute):
+    ctx, lin, graph, tables = instance(tmp_path, memory_mib, recompute)
+    stages, n = lin.stages, len(ctx.kind_of_layer)
+    vectors = np.array(list(every_vector(stages, n)))
+    if not recompute:
+        vectors = vectors[vectors[:, stages:].sum(axis=1) == 0]
+    counts, recomputed = lin.layout_counts(vectors)
+    recomputed = recomputed if recompute else None
+    fits = lin.fits(counts, recomputed)
+    makespan = graph.makespan(*lin.times(counts, recomputed))
+    assert 0 < fits.sum() < len(vectors)  # memory binds: some layouts fit, some do not
+    most = max(len(t) for t in tables) - 1 if recompute else n
+    within = vectors[:, :stages].max(axis=1) <= most
+    best = makespan[fits & within].min()
+    value, bound, layout = proof.event_mip(ctx, lin, graph, tables if recompute else None, most, time_limit_s=60.0)
+    assert value == pytest.approx(best, rel=1e-6)
+    assert bound <= best * (1 + 1e-9) and bound >= best * (1 - 2e-4)  # HiGHS' default relative gap, 1e-4
+    counts, again = lin.layout_counts(layout[None])
+    assert lin.fits(counts, again if recompute else None)[0]
+    assert graph.makespan(*lin.times(counts, again if recompute else None))[0] == pytest.approx(best, rel=1e-6)
